@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up a CPU virtual environment with torch (CPU build), the pinned SGLang 0.5.23 and
+# sgl-ess (editable). Idempotent: a finished environment is reused (marker file).
+# usage: bash launch/setup.sh [VENV_DIR]      (default: .venv in the repo root)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+V=${1:-$ROOT/.venv}
+MARK="$V/.sgl_ess_setup_v1"
+if [ -f "$MARK" ]; then echo "[setup] $V is ready"; exit 0; fi
+echo "[setup] creating $V (about 3-5 minutes, ~2.5 GB)"
+python3 -m venv "$V"
+PIP="$V/bin/python -m pip -q --disable-pip-version-check"
+$PIP install torch==2.13.0 || $PIP install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+echo "[setup] torch done; installing sglang==0.5.23 (no deps) and its CPU runtime deps"
+$PIP install --no-deps "sglang==0.5.23"
+$PIP install -r "$ROOT/launch/requirements-cpu.txt" 2>&1 | grep -v "sglang 0.5.23 requires" || true
+SP=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# CPU stand-ins for what this machine cannot have (see launch/cpu_shims/README.md)
+mkdir -p "$SP/sgl_kernel"
+cp "$ROOT/launch/cpu_shims/sgl_kernel/__init__.py" "$SP/sgl_kernel/__init__.py"
+cp "$ROOT/launch/cpu_shims/tv_cpu_shim.py" "$SP/"
+echo "import tv_cpu_shim" > "$SP/zz_tv_cpu_shim.pth"
+$PIP install --no-deps -e "$ROOT"
+"$V/bin/python" -c "import torch, sglang, sgl_ess; print('[setup] torch', torch.__version__, 'sglang', sglang.__version__)"
+touch "$MARK"

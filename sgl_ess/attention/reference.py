@@ -1,0 +1,67 @@
+"""Absorbed MLA sparse decode attention in plain torch (the CPU path and the reference).
+
+Decode attention in DeepSeek-V3.2 is MQA over the latent: every head's query q
+[kv_lora_rank + rope_dim] scores each selected latent row; values are the row's first
+kv_lora_rank columns.
+
+  q:      float [b, heads, dim]         absorbed queries
+  rows:   uint8 [S, row_bytes]          a slot buffer (e.g. LatentStore.layer_rows(layer))
+  slots:  int   [b, k]                  row indices into `rows`, -1 = padding (ignored)
+  returns out float32 [b, heads, kv_lora_rank], lse float32 [b, heads] (natural log;
+          -inf and out = 0 where a request selected nothing)
+"""
+from __future__ import annotations
+
+import torch
+
+from sgl_ess.attention.latent_layout import LatentLayout
+
+
+def sparse_mla_decode(q: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
+                      layout: LatentLayout, sm_scale: float, mask: torch.Tensor | None = None):
+    """Attention of each request over its selected rows; `mask` bool [b, k] keeps a subset."""
+    keep = slots >= 0 if mask is None else (slots >= 0) & mask
+    kv = layout.decode(rows[slots.clamp(min=0).long()])            # [b, k, dim]
+    return attend(q, kv, keep, layout.kv_lora_rank, sm_scale)
+
+
+def attend(q: torch.Tensor, kv: torch.Tensor, keep: torch.Tensor, kv_lora_rank: int,
+           sm_scale: float):
+    """q [b, h, dim], kv float [b, k, dim], keep bool [b, k] -> (out [b, h, r], lse [b, h])."""
+    scores = torch.einsum("bhd,bkd->bhk", q.float(), kv.float()) * sm_scale
+    scores = scores.masked_fill(~keep.unsqueeze(1), float("-inf"))
+    lse = torch.logsumexp(scores, dim=2)
+    p = torch.exp(scores - lse.unsqueeze(2)).nan_to_num(0.0)
+    out = torch.einsum("bhk,bkv->bhv", p, kv[..., :kv_lora_rank].float())
+    return out, lse
+
+
+def merge_lse(o0: torch.Tensor, lse0: torch.Tensor, o1: torch.Tensor, lse1: torch.Tensor):
+    """Exactly combine two partial attentions over disjoint key sets."""
+    lse = torch.logaddexp(lse0, lse1)
+    w0 = torch.exp(lse0 - lse).nan_to_num(0.0).unsqueeze(-1)
+    w1 = torch.exp(lse1 - lse).nan_to_num(0.0).unsqueeze(-1)
+    return o0 * w0 + o1 * w1, lse
+
+
+def split_sparse_mla_decode(q, rows, slots, hit, layout: LatentLayout, sm_scale: float):
+    """ESS dual attention: Attn0 over the entries that were resident (hit, bool [b, k]) - it
+    can run while the misses are still in flight - and Attn1 over the fetched misses, merged by
+    log-sum-exp. Equal to `sparse_mla_decode` over all entries."""
+    o0, l0 = sparse_mla_decode(q, rows, slots, layout, sm_scale, mask=hit)
+    o1, l1 = sparse_mla_decode(q, rows, slots, layout, sm_scale, mask=~hit)
+    return merge_lse(o0, l0, o1, l1)
+
+
+def dense_topk_reference(q: torch.Tensor, latents: list[torch.Tensor], topk: torch.Tensor,
+                         kv_lora_rank: int, sm_scale: float):
+    """All-resident reference: request i attends over latents[i][topk[i]] (float [T_i, dim])."""
+    outs, lses = [], []
+    for i, lat in enumerate(latents):
+        sel = topk[i][topk[i] >= 0].long()
+        kv = lat[sel].float().unsqueeze(0)
+        keep = torch.ones((1, sel.numel()), dtype=torch.bool, device=kv.device)
+        o, l = attend(q[i:i + 1], kv, keep, kv_lora_rank, sm_scale)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs), torch.cat(lses)

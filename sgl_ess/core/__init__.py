@@ -1,0 +1,1 @@
+"""Pure-Python policy code (no torch, no sglang): the LRU oracle and residency policy helpers."""

@@ -1,0 +1,62 @@
+"""StoreCounters: hits, misses and rows/bytes moved, per layer and per request.
+
+Memory: int64 tensors on the store's device, updated with tensor ops in the hot path (no host
+sync); read back only by `snapshot()` (metrics, tests, benchmarks).
+
+| counter            | shape  | answers                                               |
+| ------------------ | ------ | ----------------------------------------------------- |
+| hits / misses      | [L, R] | per (layer, request row) since the request opened      |
+| layer_hits/misses  | [L]    | per layer since start (survives requests)              |
+| rows_h2d / d2h     | [L]    | rows fetched host->device (misses + warmup) / written |
+| warmup_rows        | [L]    | rows fetched by LRU warmup                             |
+Bytes are rows x row_bytes.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class StoreCounters:
+    def __init__(self, num_layers: int, max_requests: int, row_bytes: int, device: torch.device):
+        z = lambda *s: torch.zeros(s, dtype=torch.int64, device=device)  # noqa: E731
+        self.row_bytes = row_bytes
+        self.hits, self.misses = z(num_layers, max_requests), z(num_layers, max_requests)
+        self.layer_hits, self.layer_misses = z(num_layers), z(num_layers)
+        self.rows_h2d, self.rows_d2h, self.warmup_rows = z(num_layers), z(num_layers), z(num_layers)
+
+    def reset_request(self, row: int) -> None:
+        self.hits[:, row] = 0
+        self.misses[:, row] = 0
+
+    def add_step(self, layer: int, rows: torch.Tensor, hit: torch.Tensor, miss: torch.Tensor) -> None:
+        h = hit.sum(dim=1)
+        m = miss.sum(dim=1)
+        self.hits[layer].index_add_(0, rows, h)
+        self.misses[layer].index_add_(0, rows, m)
+        self.layer_hits[layer] += h.sum()
+        self.layer_misses[layer] += m.sum()
+        self.rows_h2d[layer] += m.sum()
+
+    def add_warmup(self, layer: int, row: int, n_rows: int) -> None:
+        self.warmup_rows[layer] += n_rows
+        self.rows_h2d[layer] += n_rows
+
+    def add_d2h(self, layer: int, n_rows: int) -> None:
+        self.rows_d2h[layer] += n_rows
+
+    def request(self, row: int) -> dict:
+        return {"hits": self.hits[:, row].tolist(), "misses": self.misses[:, row].tolist()}
+
+    def snapshot(self) -> dict:
+        hits, misses = self.layer_hits.tolist(), self.layer_misses.tolist()
+        total = sum(hits) + sum(misses)
+        return {
+            "layer_hits": hits,
+            "layer_misses": misses,
+            "hit_rate": (sum(hits) / total) if total else None,
+            "rows_h2d": self.rows_h2d.tolist(),
+            "rows_d2h": self.rows_d2h.tolist(),
+            "warmup_rows": self.warmup_rows.tolist(),
+            "bytes_h2d": int(self.rows_h2d.sum()) * self.row_bytes,
+            "bytes_d2h": int(self.rows_d2h.sum()) * self.row_bytes,
+        }

@@ -1,0 +1,103 @@
+"""StoreConfig: the sizes of the ESS latent store, validated once.
+
+Owns no memory. Every error names the value received, what is allowed, and the
+`launch_server` flag / YAML key that sets it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# The paper recommends at least 6.4K GPU slots per request per layer (ESS.md §3).
+PAPER_MIN_HOT_SLOTS = 6400
+
+
+class StoreConfigError(ValueError):
+    """A store size is out of range; the message names the setting that fixes it."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Sizes of the host pool and the per-request device hot buffers.
+
+    num_layers:            layers with a latent cache (the model's sparse-attention layers)
+    row_bytes:             bytes of one latent row (656 FP8 FlashMLA, 1152 BF16, any for tests)
+    host_capacity_tokens:  token rows in the host pool, per layer
+    hot_slots_per_request: N, device slots per (request, layer); must be >= topk + 1
+    max_requests:          concurrent requests that can hold a hot buffer
+    topk:                  k, entries the indexer selects per query token
+    max_context_tokens:    longest request (sizes the request -> host-location table)
+    device:                where hot buffers live ("cpu", "cuda", "cuda:1")
+    pin_host:              page-lock the host pool (None: yes exactly when device is CUDA)
+    warmup_window:         W, prefill query positions whose top-k warm the LRU
+    """
+
+    num_layers: int
+    row_bytes: int
+    host_capacity_tokens: int
+    hot_slots_per_request: int
+    max_requests: int
+    topk: int
+    max_context_tokens: int = 131072
+    device: str = "cpu"
+    pin_host: bool | None = None
+    warmup_window: int = 32
+
+    def __post_init__(self) -> None:
+        _positive("num_layers", self.num_layers, "the model config (num_hidden_layers)")
+        _positive("row_bytes", self.row_bytes, "the latent layout (kv_cache_dim x dtype bytes)")
+        _positive("host_capacity_tokens", self.host_capacity_tokens,
+                  "--ess-memory-pool-gb / ess_config.memory_pool_size_gb")
+        _positive("max_requests", self.max_requests, "--max-running-requests")
+        _positive("topk", self.topk, "the model config (index_topk)")
+        _positive("max_context_tokens", self.max_context_tokens, "--context-length")
+        if self.warmup_window < 0:
+            raise StoreConfigError(
+                f"warmup_window={self.warmup_window}: expected >= 0 (0 disables LRU warmup); "
+                "set --ess-warmup-window")
+        if self.hot_slots_per_request < self.topk + 1:
+            raise StoreConfigError(
+                f"hot_slots_per_request={self.hot_slots_per_request} is smaller than topk+1="
+                f"{self.topk + 1}: a step's top-k plus the newest token must all be resident. "
+                "Raise --ess-hot-slots (or --ess-sparse-ratio); the paper recommends >= "
+                f"{PAPER_MIN_HOT_SLOTS}")
+
+    @property
+    def hot_slots_total(self) -> int:
+        """Device slots per layer across all requests (R x N)."""
+        return self.max_requests * self.hot_slots_per_request
+
+    @property
+    def host_bytes(self) -> int:
+        return self.num_layers * self.host_capacity_tokens * self.row_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        return self.num_layers * self.hot_slots_total * self.row_bytes
+
+
+def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float | None = None,
+                  slots: int | None = None, min_slots: int = PAPER_MIN_HOT_SLOTS) -> int:
+    """N from an absolute count, or from the sparse-memory ratio r x context (at least
+    `min_slots`, never below topk + 1 and never above the context when it is known)."""
+    if slots is not None:
+        if slots <= 0:
+            raise StoreConfigError(f"hot slots={slots}: expected > 0; set --ess-hot-slots")
+        return max(int(slots), topk + 1)
+    if ratio is None:
+        n = min_slots
+    else:
+        if not (0.0 < ratio <= 1.0):
+            raise StoreConfigError(
+                f"sparse memory ratio={ratio}: expected 0 < r <= 1; set --ess-sparse-ratio")
+        if context_tokens is None or context_tokens <= 0:
+            raise StoreConfigError("a sparse memory ratio needs the context length; set --context-length")
+        n = max(math.ceil(ratio * context_tokens), min_slots)
+    if context_tokens:
+        n = min(n, context_tokens + 1)
+    return max(n, topk + 1)
+
+
+def _positive(name: str, value: int, fix: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise StoreConfigError(f"{name}={value!r}: expected a positive integer; set it via {fix}")

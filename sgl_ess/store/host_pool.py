@@ -1,0 +1,108 @@
+"""HostLatentPool: the full latent history of every request, in host memory.
+
+Memory: one uint8 tensor `rows [num_layers, capacity_tokens, row_bytes]`, layer-first like
+SGLang's DSA pools, owned by this object for the life of the process. On CUDA machines it is
+page-locked (pinned) so GPU kernels can read and write it directly (zero-copy); on CPU it is
+plain shared memory (`share_memory_()`), so a prefetch worker process can map it.
+
+Token locations ("host locs", 0..capacity-1) are handed out by `alloc` and returned by
+`free`, which zeroes every layer's row first: rows hold user data and must not leak from one
+request to the next. An engine with its own token allocator (SGLang's) may skip `alloc` and
+use `write`/`clear` on the locations it hands out.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class HostPoolFullError(RuntimeError):
+    """The host latent pool has fewer free token rows than asked for."""
+
+
+class HostLatentPool:
+    def __init__(self, num_layers: int, capacity_tokens: int, row_bytes: int, *, pin: bool = False):
+        self.num_layers = num_layers
+        self.capacity_tokens = capacity_tokens
+        self.row_bytes = row_bytes
+        self.pinned = pin
+        rows = torch.zeros((num_layers, capacity_tokens, row_bytes), dtype=torch.uint8)
+        self.rows = rows.pin_memory() if pin else rows.share_memory_()
+        # free stack: _free[:_n_free] are free locations
+        self._free = torch.arange(capacity_tokens - 1, -1, -1, dtype=torch.int64)
+        self._n_free = capacity_tokens
+        self._allocated = torch.zeros(capacity_tokens, dtype=torch.bool)
+
+    # --- allocation -------------------------------------------------------------------
+    @property
+    def free_tokens(self) -> int:
+        return self._n_free
+
+    @property
+    def used_tokens(self) -> int:
+        return self.capacity_tokens - self._n_free
+
+    def can_alloc(self, n_tokens: int) -> bool:
+        return 0 <= n_tokens <= self._n_free
+
+    def alloc(self, n_tokens: int) -> torch.Tensor:
+        """Take `n_tokens` free locations -> int64 [n_tokens] (CPU). Raises HostPoolFullError."""
+        if n_tokens < 0:
+            raise ValueError(f"alloc(n_tokens={n_tokens}): expected >= 0")
+        if n_tokens > self._n_free:
+            raise HostPoolFullError(
+                f"host latent pool full: asked for {n_tokens} token rows, {self._n_free} free of "
+                f"{self.capacity_tokens} ({self.num_layers} layers x {self.row_bytes} B each). "
+                "Raise --ess-memory-pool-gb (ess_config.memory_pool_size_gb) or admit fewer requests")
+        start = self._n_free - n_tokens
+        locs = self._free[start:self._n_free].clone()
+        self._n_free = start
+        self._allocated[locs] = True
+        return locs
+
+    def free(self, locs: torch.Tensor) -> None:
+        """Return locations; their rows are zeroed in every layer first (clear-on-release)."""
+        locs = locs.to("cpu", torch.int64).reshape(-1)
+        if locs.numel() == 0:
+            return
+        self._check_locs(locs)
+        if not bool(self._allocated[locs].all()) or locs.unique().numel() != locs.numel():
+            raise ValueError("HostLatentPool.free: some locations are not allocated or repeat (double free)")
+        self.clear(locs)
+        self._allocated[locs] = False
+        self._free[self._n_free:self._n_free + locs.numel()] = locs
+        self._n_free += locs.numel()
+
+    # --- data ------------------------------------------------------------------------
+    def write(self, layer: int, locs: torch.Tensor, rows: torch.Tensor) -> None:
+        """rows uint8 [n, row_bytes] (any device) -> host rows at `locs` of `layer`."""
+        self._check_layer(layer)
+        locs = locs.to("cpu", torch.int64).reshape(-1)
+        if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != self.row_bytes \
+                or rows.shape[0] != locs.numel():
+            raise ValueError(
+                f"HostLatentPool.write: rows must be uint8 [{locs.numel()}, {self.row_bytes}], "
+                f"got {rows.dtype} {list(rows.shape)}")
+        self._check_locs(locs)
+        self.rows[layer].index_copy_(0, locs, rows.to("cpu"))
+
+    def read(self, layer: int, locs: torch.Tensor) -> torch.Tensor:
+        self._check_layer(layer)
+        locs = locs.to("cpu", torch.int64).reshape(-1)
+        self._check_locs(locs)
+        return self.rows[layer].index_select(0, locs)
+
+    def clear(self, locs: torch.Tensor) -> None:
+        locs = locs.to("cpu", torch.int64).reshape(-1)
+        if locs.numel():
+            self._check_locs(locs)
+            self.rows[:, locs] = 0
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} out of range: the store has {self.num_layers} layers")
+
+    def _check_locs(self, locs: torch.Tensor) -> None:
+        if locs.numel() and (int(locs.min()) < 0 or int(locs.max()) >= self.capacity_tokens):
+            raise IndexError(
+                f"host location out of range [{int(locs.min())}, {int(locs.max())}]: the pool has "
+                f"{self.capacity_tokens} token rows (--ess-memory-pool-gb sets the capacity)")

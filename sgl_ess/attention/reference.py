@@ -28,11 +28,11 @@ def sparse_mla_decode(q: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
 def attend(q: torch.Tensor, kv: torch.Tensor, keep: torch.Tensor, kv_lora_rank: int,
            sm_scale: float):
     """q [b, h, dim], kv float [b, k, dim], keep bool [b, k] -> (out [b, h, r], lse [b, h])."""
-    scores = torch.einsum("bhd,bkd->bhk", q.float(), kv.float()) * sm_scale
+    scores = torch.bmm(q.float(), kv.float().transpose(1, 2)) * sm_scale       # [b, h, k]
     scores = scores.masked_fill(~keep.unsqueeze(1), float("-inf"))
     lse = torch.logsumexp(scores, dim=2)
     p = torch.exp(scores - lse.unsqueeze(2)).nan_to_num(0.0)
-    out = torch.einsum("bhk,bkv->bhv", p, kv[..., :kv_lora_rank].float())
+    out = torch.bmm(p, kv[..., :kv_lora_rank].float())                        # [b, h, r]
     return out, lse
 
 

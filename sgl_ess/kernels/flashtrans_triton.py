@@ -14,18 +14,19 @@ from sgl_ess.kernels.uva import device_view
 
 
 @triton.jit
-def _copy_rows_kernel(src_ptr, src_idx_ptr, dst_ptr, dst_idx_ptr, words_per_row,
+def _copy_rows_kernel(src_ptr, src_idx_ptr, dst_ptr, dst_idx_ptr, words_per_row: tl.constexpr,
                       BLOCK: tl.constexpr):
     i = tl.program_id(0)
     s = tl.load(src_idx_ptr + i).to(tl.int64)
     d = tl.load(dst_idx_ptr + i).to(tl.int64)
-    if s >= 0:
-        if d >= 0:
-            for start in range(0, words_per_row, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                m = offs < words_per_row
-                v = tl.load(src_ptr + s * words_per_row + offs, mask=m)
-                tl.store(dst_ptr + d * words_per_row + offs, v, mask=m)
+    live = (s >= 0) & (d >= 0)          # -1 entries copy nothing (masked, no branch)
+    s = tl.maximum(s, 0)
+    d = tl.maximum(d, 0)
+    for start in range(0, words_per_row, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = (offs < words_per_row) & live
+        v = tl.load(src_ptr + s * words_per_row + offs, mask=m)
+        tl.store(dst_ptr + d * words_per_row + offs, v, mask=m)
 
 
 def copy_rows_triton(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor,

@@ -37,7 +37,7 @@ class StoreCounters:
         self.layer_misses[layer] += m.sum()
         self.rows_h2d[layer] += m.sum()
 
-    def add_warmup(self, layer: int, row: int, n_rows: int) -> None:
+    def add_warmup(self, layer: int, n_rows: int) -> None:
         self.warmup_rows[layer] += n_rows
         self.rows_h2d[layer] += n_rows
 

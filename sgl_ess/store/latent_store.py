@@ -23,7 +23,6 @@ from sgl_ess.store.host_pool import HostLatentPool
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
 from sgl_ess.store.validate import check_rows, check_topk
-from sgl_ess.store.warmup import warm_set
 
 
 class LatentStore:
@@ -74,30 +73,38 @@ class LatentStore:
         self.host.clear(locs)
 
     # --- decode path -------------------------------------------------------------------
-    def warmup(self, row: int, layer: int, seq_len: int, topk_ids: torch.Tensor,
+    def warmup(self, layer: int, rows: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,
                req_to_host: torch.Tensor) -> int:
-        """Before the first decode step: make the LRU what touching `topk_ids` ([W, k], oldest
-        first) would leave, and fetch those rows. A request whose context fits in N loads its
-        whole context instead. Returns the rows fetched."""
-        self._check_open(row)
+        """LRU warmup before the first decode step (ESS.md §3): touch the top-k sets of the
+        prefill's last W query positions, oldest first, exactly as decode steps would, then
+        fetch the resulting resident rows in one transfer. A request whose context fits in N
+        loads its whole context instead (fast path: it never misses).
+
+        rows int64 [b], seq_lens int64 [b], topk_ids int [b, W, k] (-1 padded).
+        Returns the number of rows fetched (host sync: once per request, not per step)."""
         self._check_layer(layer)
+        rows = rows.to(self.device, torch.int64)
+        seq_lens = seq_lens.to(self.device, torch.int64)
+        self._check_batch(rows)
+        if topk_ids.dim() != 3 or topk_ids.shape[0] != rows.numel():
+            raise ValueError(f"warmup topk_ids: expected [batch={rows.numel()}, W, k], got "
+                             f"{list(topk_ids.shape)}")
         n = self.cfg.hot_slots_per_request
-        if seq_len <= n:
-            tokens = torch.arange(seq_len, device=self.device)
-            touch = tokens.clone()
-        else:
-            check_topk(topk_ids.reshape(1, -1), torch.tensor([seq_len]), "warmup topk_ids")
-            tokens, touch = warm_set(topk_ids.to(self.device), seq_len, n)
-        m = tokens.numel()
-        if m == 0:
-            return 0
-        base = self.hot.tick(layer, int(touch.max()) + 1)
-        slots = tokens if seq_len <= n else torch.arange(m, device=self.device)
-        self.hot.slot_to_token[layer, row, slots] = tokens
-        self.hot.stamps[layer, row, slots] = touch + base
-        src = req_to_host[row].to(self.device).index_select(0, tokens)
-        self._fetch(layer, src, slots + row * n)
-        self.counters.add_warmup(layer, row, m)
+        ids = topk_ids.to(self.device, torch.int64)
+        for w in range(ids.shape[1]):
+            check_topk(ids[:, w], seq_lens, "warmup topk_ids")
+            assign(self.hot, layer, rows, seq_lens, ids[:, w])
+        s2t = self.hot.slot_to_token[layer].index_select(0, rows)
+        ar = torch.arange(n, device=self.device).expand_as(s2t)
+        whole = (seq_lens <= n).unsqueeze(1) & (ar < seq_lens.unsqueeze(1))
+        s2t = torch.where(whole, ar, s2t)          # fast path: slot = position, whole context
+        self.hot.slot_to_token[layer].index_copy_(0, rows, s2t)
+        live = s2t >= 0
+        src = torch.where(live, req_to_host.to(self.device)[rows.unsqueeze(1), s2t.clamp(min=0)], -1)
+        dst = torch.where(live, ar + rows.unsqueeze(1) * n, -1)
+        self._fetch(layer, src.reshape(-1), dst.reshape(-1))
+        m = int(live.sum())
+        self.counters.add_warmup(layer, m)
         return m
 
     def resolve(self, layer: int, rows: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,

@@ -1,0 +1,42 @@
+"""What every benchmark result carries: the command, the commit, versions and the machine."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def run_metadata() -> dict:
+    def _git(*args):
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  cwd=RESULTS.parent).stdout.strip() or None
+        except Exception:
+            return None
+    versions = {"python": platform.python_version()}
+    for mod in ("torch", "numpy", "sglang", "triton"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:
+            versions[mod] = None
+    return {
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain")),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": versions,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+    }
+
+
+def write_result(name: str, payload: dict) -> pathlib.Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"meta": run_metadata(), **payload}, indent=1) + "\n")
+    return path

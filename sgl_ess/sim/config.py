@@ -1,0 +1,189 @@
+"""Typed, frozen configuration for the simulator; each field's metadata generates a CLI flag.
+
+Three user-facing groups (`DeploymentConfig`, `WorkloadConfig`, `EssConfig`) plus the model facts
+(`ModelSpec`, loaded from `data/model_deepseek_v32_exp.json`). Every group validates itself in
+`__post_init__` and raises `SimConfigError` naming the value received, what was expected and the
+flag that fixes it. Nothing here holds memory or state; all objects are immutable.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from typing import Any
+
+OVERLAP_STRATEGIES = ("none", "da", "dba", "full")
+TRANSFER_METHODS = ("flashtrans", "memcpy")
+
+
+class SimConfigError(ValueError):
+    """A user-facing configuration error; the CLI prints it and exits with status 2."""
+
+
+def flag(default: Any, help: str, flag_name: str | None = None) -> Any:
+    """A dataclass field whose metadata carries its CLI help text (and optional flag spelling)."""
+    return field(default=default, metadata={"help": help, "flag": flag_name})
+
+
+def flag_of(cls: type, name: str) -> str:
+    for f in fields(cls):
+        if f.name == name:
+            return f.metadata.get("flag") or "--" + name.replace("_", "-")
+    raise KeyError(name)
+
+
+def _positive(cls: type, name: str, value: float, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        want = ">= 0" if allow_zero else "> 0"
+        raise SimConfigError(f"{name} = {value!r}: expected a number {want}; fix {flag_of(cls, name)}")
+
+
+def load_data(name: str) -> dict:
+    """Read one packaged JSON file from sgl_ess/sim/data (no dependency on ../shared)."""
+    return json.loads(resources.files("sgl_ess.sim").joinpath("data").joinpath(name).read_text())
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts of DeepSeek-V3.2-Exp that the cost and memory models read."""
+    num_layers: int
+    num_dense_layers: int
+    num_mtp_layers: int
+    hidden: int
+    heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+    index_heads: int
+    index_head_dim: int
+    topk_tokens: int
+    routed_experts: int
+    experts_per_token: int
+    shared_experts: int
+    moe_intermediate: int
+    dense_intermediate: int
+    vocab: int
+    latent_bytes_per_token_layer: int
+    indexer_bytes_per_token_layer: int
+
+    @classmethod
+    def deepseek_v32_exp(cls) -> "ModelSpec":
+        d = load_data("model_deepseek_v32_exp.json")
+        return cls(
+            num_layers=d["num_hidden_layers"], num_dense_layers=d["first_k_dense_replace"],
+            num_mtp_layers=d["num_nextn_predict_layers"], hidden=d["hidden_size"],
+            heads=d["num_attention_heads"], q_lora_rank=d["q_lora_rank"],
+            kv_lora_rank=d["kv_lora_rank"], qk_nope_dim=d["qk_nope_head_dim"],
+            qk_rope_dim=d["qk_rope_head_dim"], v_head_dim=d["v_head_dim"],
+            index_heads=d["index_n_heads"], index_head_dim=d["index_head_dim"],
+            topk_tokens=d["index_topk"], routed_experts=d["n_routed_experts"],
+            experts_per_token=d["num_experts_per_tok"], shared_experts=d["n_shared_experts"],
+            moe_intermediate=d["moe_intermediate_size"], dense_intermediate=d["intermediate_size"],
+            vocab=d["vocab_size"],
+            latent_bytes_per_token_layer=d["latent_bytes_per_token_layer_fp8"],
+            indexer_bytes_per_token_layer=d["indexer_bytes_per_token_layer"],
+        )
+
+    @property
+    def cached_layers(self) -> int:
+        """Layers that keep a latent + indexer cache: the decoder layers plus the MTP layer(s)."""
+        return self.num_layers + self.num_mtp_layers
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """Cluster shape (paper Table 1: 4 nodes x 8 GPUs, TP 1, DP attention, EP 32, TBO on)."""
+    hardware: str = flag("h200", "GPU profile name from data/hardware.json (the paper does not name its "
+                                 "GPU; h200 is the standard GPU on which the paper's batch 52 at 32K fits)")
+    nodes: int = flag(4, "number of 8-GPU nodes")
+    gpus_per_node: int = flag(8, "GPUs per node")
+    ep: int = flag(32, "expert-parallel degree (experts are sharded over this many GPUs)")
+    tbo: bool = flag(True, "Two-Batch Overlap: split the batch in two micro-batches that hide communication")
+    gpu_mem_gb: float | None = flag(None, "override the GPU memory capacity in GB (default: the profile's)")
+    host_mem_gb: float | None = flag(None, "host memory per node in GB for the ESS pool (default: unlimited; "
+                                           "plan and run report the need)")
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "ep"):
+            _positive(DeploymentConfig, name, getattr(self, name))
+        if self.gpu_mem_gb is not None:
+            _positive(DeploymentConfig, "gpu_mem_gb", self.gpu_mem_gb)
+        if self.host_mem_gb is not None:
+            _positive(DeploymentConfig, "host_mem_gb", self.host_mem_gb)
+        if self.ep > self.nodes * self.gpus_per_node:
+            raise SimConfigError(f"ep = {self.ep}: expected at most nodes x gpus_per_node = "
+                                 f"{self.nodes * self.gpus_per_node}; fix --ep or --nodes")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """One decode operating point. Batch is per GPU (DP attention); throughput is per node."""
+    context_tokens: int = flag(32768, "context length per request in tokens", "--context")
+    mtp: int = flag(2, "tokens verified per request per step (1 = no MTP; 2 = one draft token)")
+    accept: float | None = flag(None, "accepted tokens per step, in [1, mtp] (default: 1.7 at mtp 2 and, "
+                                      "for other mtp, the same per-draft acceptance 0.7 compounded)")
+    batch: int = flag(52, "requests per GPU")
+    output_tokens: int = flag(2048, "output tokens per request (amortizes the cold-start misses without warmup)")
+
+    def __post_init__(self) -> None:
+        for name in ("context_tokens", "mtp", "batch", "output_tokens"):
+            _positive(WorkloadConfig, name, getattr(self, name))
+        if self.accept is not None and not (1.0 <= self.accept <= self.mtp):
+            raise SimConfigError(f"accept = {self.accept!r}: expected accepted tokens per step in "
+                                 f"[1, mtp = {self.mtp}]; fix --accept or --mtp")
+
+    @property
+    def accept_tokens(self) -> float:
+        """Accepted tokens per step; default compounds the paper's 0.7 per-draft acceptance."""
+        if self.accept is not None:
+            return self.accept
+        p = 0.7  # MTP 2 with 1.7 accepted tokens -> 0.7 per draft token (paper Table 2)
+        return sum(p ** i for i in range(self.mtp))
+
+
+@dataclass(frozen=True)
+class EssConfig:
+    """ESS knobs. ratio = 1.0 means no offload (everything on GPU, no ESS transfers)."""
+    ratio: float = flag(1.0, "sparse memory ratio r = GPU latent slots / latent entries, in (0, 1]")
+    overlap: str = flag("full", "transfer overlap: none | da | dba | full (per-layer best of da/dba)")
+    transfer: str = flag("flashtrans", "host->GPU copy method: flashtrans (GPU threads on pinned memory) | "
+                                      "memcpy (one cudaMemcpyAsync per 656 B row)")
+    pcie_h2d_gibps: float | None = flag(None, "effective host->GPU rate in GiB/s (default: FlashTrans 37 "
+                                               "scaled by the profile's PCIe generation)")
+    warmup: bool = flag(True, "LRU warmup with the prefill's last top-k ids (off: cold-start burst)")
+    hit_rate: float | None = flag(None, "override the simulated hit rate (fraction of top-k entries found on "
+                                        "GPU, in [0, 1]); default: exact LRU over the locality model")
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.ratio <= 1.0):
+            raise SimConfigError(f"ratio = {self.ratio!r}: expected a sparse memory ratio in (0, 1]; "
+                                 f"fix --ratio")
+        if self.overlap not in OVERLAP_STRATEGIES:
+            raise SimConfigError(f"overlap = {self.overlap!r}: expected one of {', '.join(OVERLAP_STRATEGIES)}; "
+                                 f"fix --overlap")
+        if self.transfer not in TRANSFER_METHODS:
+            raise SimConfigError(f"transfer = {self.transfer!r}: expected one of {', '.join(TRANSFER_METHODS)}; "
+                                 f"fix --transfer")
+        if self.pcie_h2d_gibps is not None:
+            _positive(EssConfig, "pcie_h2d_gibps", self.pcie_h2d_gibps)
+        if self.hit_rate is not None and not (0.0 <= self.hit_rate <= 1.0):
+            raise SimConfigError(f"hit_rate = {self.hit_rate!r}: expected a fraction in [0, 1]; fix --hit-rate")
+
+    @property
+    def offload(self) -> bool:
+        return self.ratio < 1.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one simulated operating point needs."""
+    deploy: DeploymentConfig = field(default_factory=DeploymentConfig)
+    work: WorkloadConfig = field(default_factory=WorkloadConfig)
+    ess: EssConfig = field(default_factory=EssConfig)

@@ -26,7 +26,7 @@ def run_metadata() -> dict:
         except Exception:
             versions[mod] = None
     return {
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": " ".join(["python", *getattr(sys, "orig_argv", sys.argv)[1:]]),
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(_git("status", "--porcelain")),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,0 +1,209 @@
+"""One frozen ESS configuration, built from ``--ess-*`` flags, an ``--ess-config`` YAML file
+and ``SGL_ESS_*`` environment variables, validated once.
+
+Precedence (later wins): defaults < YAML file < environment < command-line flags.
+The YAML format is the user's (ESS.md §5)::
+
+    inference_engine: {model_name: ..., attention_mode: sparse, decode_batch_size: 64}
+    ess_config:
+      enabled: true
+      offload_target: cpu_memory
+      prefetch_overlap_level: full      # none | da | dba | full
+      max_gpu_buffer_size_gb: 16
+      memory_pool_size_gb: 200
+
+No torch, no sglang here: this module is imported by the launcher before anything heavy.
+The validated config travels to SGLang's scheduler processes as JSON in ``SGL_ESS_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ENV_CONFIG_JSON = "SGL_ESS_CONFIG"  # validated config, JSON; set by the launcher for child processes
+
+OFFLOAD_TARGETS = ("cpu_memory",)
+OVERLAP_LEVELS = ("none", "da", "dba", "full")
+ATTENTION_MODES = ("sparse",)
+
+
+class EssConfigError(ValueError):
+    """A configuration value was refused. The message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class EssField:
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple = ()
+    minimum: float | None = None
+
+
+# The one table of ESS settings: flag ``--ess-<name with dashes>``, YAML ``ess_config.<name>``,
+# env ``SGL_ESS_<NAME>``.
+FIELDS: tuple[EssField, ...] = (
+    EssField("enabled", bool, True,
+             "Keep the latent history in the host pool and only top-k hot rows per request on the device. "
+             "false = SGLang's own layout (every latent in the device pool)."),
+    EssField("offload_target", str, "cpu_memory", "Where the full latent history lives.", OFFLOAD_TARGETS),
+    EssField("prefetch_overlap_level", str, "none",
+             "Hide host->device fetches behind compute: none | da (dual attention) | dba (dual-batch attention) "
+             "| full (per-layer choice from the offline profile). This build runs fetches synchronously "
+             "('none') whatever the level; the level is recorded and reported.", OVERLAP_LEVELS),
+    EssField("max_gpu_buffer_size_gb", float, 0.0,
+             "Device memory for all hot buffers together, in GB. 0 = derive from --ess-hot-slots-per-request "
+             "x --max-running-requests.", minimum=0.0),
+    EssField("memory_pool_size_gb", float, 0.0,
+             "Host memory for the latent history of all requests (the total memory pool), in GB. "
+             "0 = size it from --max-total-tokens.", minimum=0.0),
+    EssField("hot_slots_per_request", int, 0,
+             "Device latent slots per request per layer (the hot buffer). Must be >= the model's index_topk + 1. "
+             "0 = derive from --ess-max-gpu-buffer-size-gb, else 4 x index_topk.", minimum=0),
+    EssField("warmup_queries", int, 32,
+             "Prefill query positions whose top-k ids pre-load the hot buffer before the first decode step.",
+             minimum=0),
+    EssField("enable_mtp", bool, False, "Declare MTP (speculative multi-token) compatibility mode. Not supported yet."),
+    EssField("enable_two_batch_overlap", bool, False,
+             "Declare Two-Batch-Overlap compatibility mode. Not supported yet."),
+)
+FIELD_BY_NAME = {f.name: f for f in FIELDS}
+
+
+@dataclass(frozen=True)
+class EssConfig:
+    enabled: bool = True
+    offload_target: str = "cpu_memory"
+    prefetch_overlap_level: str = "none"
+    max_gpu_buffer_size_gb: float = 0.0
+    memory_pool_size_gb: float = 0.0
+    hot_slots_per_request: int = 0
+    warmup_queries: int = 32
+    enable_mtp: bool = False
+    enable_two_batch_overlap: bool = False
+    # Keys of ``inference_engine`` in the YAML file, mapped onto SGLang flags by the launcher.
+    engine: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["engine"] = dict(self.engine)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EssConfig":
+        return cls(**json.loads(text))
+
+    def summary(self) -> str:
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in FIELDS]
+        return "ESS config: " + ", ".join(parts)
+
+
+def _coerce(f: EssField, value: Any, source: str) -> Any:
+    where = f"{source} key '{f.name}'"
+    if f.type is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise EssConfigError(f"{where}: got {value!r}; expected true or false")
+    if f.type in (int, float):
+        if isinstance(value, bool):
+            raise EssConfigError(f"{where}: got {value!r}; expected a number")
+        try:
+            out = f.type(value)
+        except (TypeError, ValueError):
+            raise EssConfigError(f"{where}: got {value!r}; expected {'an integer' if f.type is int else 'a number'}")
+        if f.type is int and isinstance(value, float) and value != int(value):
+            raise EssConfigError(f"{where}: got {value!r}; expected an integer")
+        if f.minimum is not None and out < f.minimum:
+            raise EssConfigError(f"{where}: got {value!r}; expected a value >= {f.minimum:g}")
+        return out
+    out = str(value)
+    if f.choices and out not in f.choices:
+        raise EssConfigError(f"{where}: got {value!r}; allowed: {', '.join(f.choices)}")
+    return out
+
+
+def _validate_engine(engine: Mapping[str, Any], source: str) -> dict:
+    allowed = {"model_name", "attention_mode", "decode_batch_size"}
+    unknown = sorted(set(engine) - allowed)
+    if unknown:
+        raise EssConfigError(f"{source} key 'inference_engine.{unknown[0]}': unknown; allowed: {', '.join(sorted(allowed))}")
+    out = dict(engine)
+    if "attention_mode" in out and out["attention_mode"] not in ATTENTION_MODES:
+        raise EssConfigError(f"{source} key 'inference_engine.attention_mode': got {out['attention_mode']!r}; "
+                             f"allowed: {', '.join(ATTENTION_MODES)} (ESS needs a sparse-attention model)")
+    if "decode_batch_size" in out:
+        v = out["decode_batch_size"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise EssConfigError(f"{source} key 'inference_engine.decode_batch_size': got {v!r}; expected an integer >= 1")
+    return out
+
+
+def load_yaml(path: str) -> dict:
+    import yaml
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise EssConfigError(f"--ess-config: file {path!r} does not exist")
+    except yaml.YAMLError as e:
+        raise EssConfigError(f"--ess-config: {path!r} is not valid YAML: {e}")
+    if not isinstance(data, dict):
+        raise EssConfigError(f"--ess-config: {path!r} must hold a mapping with an 'ess_config' block; got {type(data).__name__}")
+    unknown = sorted(set(data) - {"ess_config", "inference_engine"})
+    if unknown:
+        raise EssConfigError(f"{path}: unknown top-level key {unknown[0]!r}; allowed: ess_config, inference_engine")
+    return data
+
+
+def build_config(yaml_path: str | None = None, flags: Mapping[str, Any] | None = None,
+                 environ: Mapping[str, str] | None = None) -> EssConfig:
+    """Merge defaults < YAML < environment < flags and validate every value once.
+
+    ``flags`` maps field names to values given on the command line (None = not given).
+    Raises EssConfigError naming the key, the value received and what is allowed.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {f.name: f.default for f in FIELDS}
+    engine: dict = {}
+    if yaml_path:
+        data = load_yaml(yaml_path)
+        block = data.get("ess_config") or {}
+        if not isinstance(block, dict):
+            raise EssConfigError(f"{yaml_path} key 'ess_config': expected a mapping, got {type(block).__name__}")
+        for k, v in block.items():
+            if k not in FIELD_BY_NAME:
+                raise EssConfigError(f"{yaml_path} key 'ess_config.{k}': unknown; allowed: {', '.join(FIELD_BY_NAME)}")
+            values[k] = _coerce(FIELD_BY_NAME[k], v, yaml_path)
+        engine = _validate_engine(data.get("inference_engine") or {}, yaml_path)
+    for f in FIELDS:
+        env_name = "SGL_ESS_" + f.name.upper()
+        if env_name in environ:
+            values[f.name] = _coerce(f, environ[env_name], f"environment variable {env_name}:")
+    for name, v in (flags or {}).items():
+        if v is not None:
+            values[name] = _coerce(FIELD_BY_NAME[name], v, "flag --ess-" + name.replace("_", "-") + ":")
+    cfg = EssConfig(**values, engine=engine)
+    _check_consistency(cfg)
+    return cfg
+
+
+def _check_consistency(cfg: EssConfig) -> None:
+    if cfg.enable_mtp:
+        raise EssConfigError("key 'enable_mtp': got true; this build supports false only (MTP with ESS is not implemented)")
+    if cfg.enable_two_batch_overlap:
+        raise EssConfigError("key 'enable_two_batch_overlap': got true; this build supports false only")
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> EssConfig | None:
+    """The config the launcher validated, or None when this process was not started by it."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(ENV_CONFIG_JSON)
+    return EssConfig.from_json(text) if text else None

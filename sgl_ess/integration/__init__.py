@@ -1,0 +1,1 @@
+"""Engine integrations. Only ``sgl_ess.integration.sglang`` imports SGLang."""

@@ -1,0 +1,42 @@
+"""Registers the ``ess`` attention backend with SGLang (official seams only)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sgl_ess.config import EssConfig, config_from_env
+
+from . import lifecycle, targets
+
+logger = logging.getLogger(__name__)
+
+
+def create_ess_backend(runner):
+    from .ess_backend import EssSparseAttnBackend
+    from .latent_store import EssLatentStore
+
+    cfg = config_from_env() or EssConfig()
+    if str(runner.device).startswith("cuda") and not cfg.enabled:
+        raise NotImplementedError(
+            "--attention-backend ess with ESS off on CUDA: use SGLang's own 'dsa' backend there "
+            "(python -m sgl_ess.launch_server picks it for you)")
+    store = None
+    if cfg.enabled:
+        store = lifecycle.active_store()
+        if store is None:
+            store = EssLatentStore(runner, cfg)
+            store.allocator = runner.token_to_kv_pool_allocator
+            lifecycle.set_active_store(store)
+    logger.info("ess attention backend: ESS %s", "on" if store is not None else "off")
+    return EssSparseAttnBackend(runner, store)
+
+
+def register() -> None:
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+
+    if targets.ESS_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([targets.ESS_BACKEND_NAME])
+    register_attention_backend(targets.ESS_BACKEND_NAME)(create_ess_backend)

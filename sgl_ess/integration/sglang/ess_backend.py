@@ -1,0 +1,146 @@
+"""The ``ess`` attention backend: absorbed sparse MLA over each query's top-k latent rows.
+
+Selected with ``--attention-backend ess`` (registered in SGLang's ``ATTENTION_BACKENDS``).
+Inputs per layer (DeepSeek absorbed-MLA path, see cpu_fixes): q ``[T, H*(R+P)]`` (latent
+query: R = kv_lora_rank, P = rope dims), k ``[T, 1, R+P]`` (the step's new latent rows),
+v ``[T, 1, R]``, and ``topk_indices`` int32 ``[T, k]`` of token positions from the indexer
+(-1 padded). Output ``[T, H*R]``.
+
+Where rows are read from:
+  ESS off  SGLang's own device pool (``DSATokenToKVPool.kv_buffer``), via ``req_to_token``.
+  ESS on   extend: the host pool (full history); decode: the request's hot buffer through
+           ``LatentStore.resolve`` (misses fetched host -> device inside).
+The math is the same gather + softmax on the same bytes in the same order, so ESS on and
+off produce identical outputs.
+
+Torch path (CPU). On CUDA this backend is not used with ESS off (SGLang's ``dsa`` backend
+and kernels serve); the CUDA ESS path (FlashInfer sparse MLA over the slot table) is not
+built yet and is refused at start.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from .latent_store import EssLatentStore
+
+
+def sparse_mla(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, v_dim: int, scaling: float) -> torch.Tensor:
+    """Absorbed MLA over gathered latent rows.
+
+    q:     [T, H, D] latent query (D = R + P), any float dtype
+    rows:  [T, k, D] gathered latent rows (same dtype as the cache)
+    valid: [T, k] bool, False for -1 padding
+    returns [T, H, v_dim] in q's dtype. Computed in float32.
+    """
+    qf, kf = q.float(), rows.float()
+    scores = torch.einsum("thd,tkd->thk", qf, kf) * scaling
+    scores = scores.masked_fill(~valid[:, None, :], -math.inf)
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)  # a query with no valid row (cannot happen: pos itself is valid)
+    out = torch.einsum("thk,tkd->thd", probs, kf[..., :v_dim])
+    return out.to(q.dtype)
+
+
+def dense_topk_positions(seq_lens: list[int], n_q: list[int], device) -> torch.Tensor:
+    """Fallback top-k when a layer gives none: every causal position (used only if k >= seq)."""
+    width = max(seq_lens) if seq_lens else 0
+    out = []
+    for s, n in zip(seq_lens, n_q):
+        pos = torch.arange(width, device=device)
+        for t in range(s - n, s):
+            out.append(torch.where(pos <= t, pos, torch.full_like(pos, -1)))
+    return torch.stack(out).to(torch.int32) if out else torch.empty(0, width, dtype=torch.int32, device=device)
+
+
+class EssSparseAttnBackend(AttentionBackend):
+    def __init__(self, model_runner, store: Optional[EssLatentStore]):
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        cfg = model_runner.model_config
+        self.kv_lora_rank = cfg.kv_lora_rank
+        self.rope_dim = cfg.qk_rope_head_dim
+        self.store = store
+        self.forward_metadata = None
+
+    # --- SGLang backend protocol -------------------------------------------------------
+    def init_forward_metadata(self, forward_batch):
+        self.forward_metadata = None
+
+    def get_indexer_metadata(self, layer_id, forward_batch):
+        return None
+
+    def support_triton(self):
+        return False
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
+        loc = forward_batch.out_cache_loc
+        if save_kv_cache and k is not None:
+            self._save(layer, loc, k, v)
+        seq_lens = forward_batch.seq_lens.tolist()
+        n_q = (forward_batch.extend_seq_lens_cpu if forward_batch.extend_seq_lens_cpu is not None
+               else forward_batch.extend_seq_lens.tolist())
+        if topk_indices is None:
+            topk_indices = dense_topk_positions(seq_lens, n_q, q.device)
+        req_rows = forward_batch.req_pool_indices
+        tok_req = torch.repeat_interleave(req_rows.long(), torch.tensor(n_q, device=req_rows.device))
+        out = self._attend(q, layer, topk_indices, tok_req, self._cache_rows(layer))
+        if self.store is not None:
+            self.store.after_extend(layer.layer_id, req_rows.tolist(), seq_lens, n_q, topk_indices,
+                                    self.req_to_token_pool.req_to_token)
+        return out
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
+        loc = forward_batch.out_cache_loc
+        if save_kv_cache and k is not None:
+            self._save(layer, loc, k, v)
+        seq_lens = forward_batch.seq_lens
+        if topk_indices is None:
+            sl = seq_lens.tolist()
+            topk_indices = dense_topk_positions(sl, [1] * len(sl), q.device)
+        req_rows = forward_batch.req_pool_indices.long()
+        if self.store is None:
+            return self._attend(q, layer, topk_indices, req_rows, self._cache_rows(layer))
+        slots = self.store.resolve(layer.layer_id, req_rows, seq_lens, topk_indices,
+                                   self.req_to_token_pool.req_to_token)
+        return self._attend_slots(q, layer, slots, self.store.hot_rows(layer.layer_id))
+
+    # --- internals ---------------------------------------------------------------------
+    def _save(self, layer, loc, k, v):
+        # The DSA pool holds one packed latent row per token (nope ++ rope); k is that row.
+        # With ESS on, the pool's latent buffers ARE the store's host pool (latent_store.py).
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+
+    def _cache_rows(self, layer) -> torch.Tensor:
+        """[tokens, R+P] view of this layer's latent rows (device pool, or host pool with ESS on)."""
+        buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        return buf.view(buf.shape[0], -1)
+
+    def _attend(self, q, layer, topk_pos, tok_req, cache_rows):
+        """topk_pos int [T, k] positions -> locations through req_to_token -> rows."""
+        req_to_token = self.req_to_token_pool.req_to_token
+        valid = topk_pos >= 0
+        locs = req_to_token[tok_req[:, None], topk_pos.long().clamp(min=0)].long()
+        rows = cache_rows[locs]
+        return self._mla(q, layer, rows, valid)
+
+    def _attend_slots(self, q, layer, slots, hot_rows):
+        """slots int [b, k] into the hot buffer (-1 padded)."""
+        valid = slots >= 0
+        rows = hot_rows[slots.long().clamp(min=0)]
+        return self._mla(q, layer, rows, valid)
+
+    def _mla(self, q, layer, rows, valid):
+        d = self.kv_lora_rank + self.rope_dim
+        q3 = q.reshape(-1, layer.tp_q_head_num, d)
+        out = sparse_mla(q3, rows, valid, self.kv_lora_rank, layer.scaling)
+        return out.reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)

@@ -1,0 +1,32 @@
+"""Entry point of the ``sglang.srt.plugins`` group (declared in pyproject.toml).
+
+SGLang 0.5.23 calls ``sglang.srt.plugins.load_plugins()`` in the launcher, the engine, every
+scheduler process and the detokenizer; it runs each plugin's function, then
+``HookRegistry.apply_hooks()``. So everything here is registered once per process and takes
+effect before any model is built. ``SGLANG_PLUGINS`` (comma list) can exclude this plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+_loaded = False
+
+
+def load_plugin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from . import backend_registration, cpu_fixes, dummy_init, lifecycle, targets
+    from .indexer_torch import indexer_forward_native
+
+    cpu_fixes.register()
+    HookRegistry.register(targets.INDEXER_FORWARD_NATIVE, indexer_forward_native, HookType.REPLACE)
+    backend_registration.register()
+    lifecycle.register()
+    dummy_init.register()
+    logger.info("sgl-ess plugin loaded (ess attention backend, torch DSA indexer, lifecycle hooks)")

@@ -1,0 +1,44 @@
+"""Every SGLang 0.5.23 symbol sgl-ess hooks or registers into, in one table.
+
+``PATCHED`` are monkeypatches applied through SGLang's ``HookRegistry`` (each one explained in
+patches/README.md: why the official seams were not enough). ``SEAMS`` are the official
+extension points used. tests/integration/test_patch_targets.py resolves every entry against the
+installed SGLang and fails, naming the entry, if one disappears.
+"""
+
+SGLANG_VERSION = "0.5.23"
+ESS_BACKEND_NAME = "ess"
+
+MODEL_SPECIFIC_ADJUSTMENTS = "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments"
+INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_native"
+REQ_ROWS_FREE = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool.free_rows"
+PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
+ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
+DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weights"
+INTERNAL_STATE = ("sglang.srt.managers.scheduler_components.internal_state."
+                  "SchedulerInternalStateController.get_internal_state")
+
+PATCHED = {
+    MODEL_SPECIFIC_ADJUSTMENTS: "AROUND: answer torch.cuda.get_device_capability() with (9, 0) during DSA "
+                                "argument resolution when CUDA is absent",
+    INDEXER_FORWARD_NATIVE: "REPLACE: exact pure-torch lightning indexer (SGLang raises NotImplementedError)",
+    REQ_ROWS_FREE: "AFTER: close the ESS hot buffer of every freed request row (finish/abort/retract)",
+    PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
+    ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
+    DUMMY_WEIGHTS_INIT: "AROUND: with SGL_ESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",
+    INTERNAL_STATE: "AFTER: add ESS host-pool / hot-buffer usage to the scheduler's internal state",
+}
+
+SEAMS = {
+    "sglang.srt.plugins.load_plugins": "entry point group sglang.srt.plugins, called in every process",
+    "sglang.srt.plugins.hook_registry.HookRegistry.register": "applies the PATCHED hooks",
+    "sglang.srt.layers.attention.attention_registry.register_attention_backend": "registers 'ess'",
+    "sglang.srt.arg_groups.choices.add_attention_backend_choices": "lets --attention-backend accept 'ess'",
+    "sglang.srt.models.deepseek_common.attention_backend_handler.AttentionBackendRegistry.register":
+        "DeepSeek attention takes the absorbed-MLA path under 'ess'",
+    "sglang.srt.layers.attention.base_attn_backend.AttentionBackend": "base class of the ess backend",
+    "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.kv_buffer": "latent buffers aliased to the host pool",
+    "sglang.srt.entrypoints.http_server.app": "FastAPI app: the /ess/status route",
+    "sglang.srt.model_executor.forward_context.get_req_to_token_pool": "indexer reads req_to_token",
+    "sglang.srt.model_executor.forward_context.get_token_to_kv_pool": "indexer reads/writes index keys",
+}

@@ -1,0 +1,4 @@
+"""Embedded model assets (config + tokenizer only; weights are random at load time)."""
+import os
+
+TINY_DSV32_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_dsv32")

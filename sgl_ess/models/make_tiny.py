@@ -1,0 +1,136 @@
+"""Write the embedded default model: a tiny DeepSeek-V3.2-architecture config + BPE tokenizer.
+
+The generated files ship in the package (``sgl_ess/models/tiny_dsv32/``); serving never
+regenerates them. Re-run only to change the model:
+
+    python -m sgl_ess.models.make_tiny [OUT_DIR]
+
+Architecture (``DeepseekV32ForCausalLM``): MLA latent (kv_lora_rank 64 + rope 16), a
+lightning indexer per layer (4 heads x 128 dims, top-k 32), MoE (8 routed experts, 2
+active + 1 shared) after one dense layer. Weights are random (``--load-format dummy``).
+The tokenizer is a 2048-token byte-level BPE trained on the Python standard library
+sources, which exist on every machine that runs Python.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import sysconfig
+
+VOCAB_SIZE = 2048
+SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+MODEL_CONFIG = {
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "model_type": "deepseek_v32",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_shared_experts": 1,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "kv_lora_rank": 64,
+    "q_lora_rank": 96,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    # SGLang's CPU DeepSeek rope asserts deepseek_yarn.
+    "rope_scaling": {
+        "type": "yarn", "rope_type": "deepseek_yarn", "factor": 4.0,
+        "original_max_position_embeddings": 2048, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 1.0,
+    },
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "num_nextn_predict_layers": 0,
+    "ep_size": 1,
+    "aux_loss_alpha": 0.001,
+    "seq_aux": True,
+    # DSA lightning indexer. SGLang's DSA pool asserts index_head_dim == 128.
+    "index_head_dim": 128,
+    "index_n_heads": 4,
+    "index_topk": 32,
+    "vocab_size": VOCAB_SIZE,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _training_files(limit: int = 300) -> list[str]:
+    stdlib = sysconfig.get_paths()["stdlib"]
+    files = sorted(glob.glob(os.path.join(stdlib, "**", "*.py"), recursive=True))
+    if not files:
+        raise RuntimeError(f"no Python sources found under {stdlib} to train the tokenizer on")
+    return files[:limit]
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train(_training_files(), trainer)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def write_model(out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    tok = build_tokenizer()
+    bos = tok.token_to_id("<|begin_of_text|>")
+    eos = tok.token_to_id("<|end_of_text|>")
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|end_of_text|>",
+        "pad_token": "<|pad|>",
+        "model_max_length": MODEL_CONFIG["max_position_embeddings"],
+        "add_bos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+    }
+    _dump(os.path.join(out_dir, "tokenizer_config.json"), tok_cfg)
+    _dump(os.path.join(out_dir, "generation_config.json"),
+          {"bos_token_id": bos, "eos_token_id": eos, "max_new_tokens": 64})
+    _dump(os.path.join(out_dir, "config.json"), dict(MODEL_CONFIG, bos_token_id=bos, eos_token_id=eos))
+
+
+def _dump(path: str, obj: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    default = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_dsv32")
+    write_model(sys.argv[1] if len(sys.argv) > 1 else default)
+    print("wrote", sys.argv[1] if len(sys.argv) > 1 else default)

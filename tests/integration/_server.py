@@ -1,0 +1,122 @@
+"""Start the real server (``python -m sgl_ess.launch_server``) as a subprocess on a free
+127.0.0.1 port, in its own process group, and stop it with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STARTUP_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name: str, args: list[str]):
+        self.name = name
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix=f"sgl_ess_{name}_", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.pgid = self.proc.pid
+
+    def log_tail(self, n: int = 60) -> str:
+        with open(self.log.name, errors="replace") as fh:
+            return "".join(fh.readlines()[-n:])
+
+    def wait_healthy(self) -> None:
+        deadline = time.time() + STARTUP_TIMEOUT_S
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server {self.name} exited rc={self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"server {self.name} not healthy after {STARTUP_TIMEOUT_S}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left; wait until it is empty."""
+        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.time() + grace
+            while time.time() < deadline and group_alive(self.pgid):
+                try:
+                    self.proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if not group_alive(self.pgid):
+                break
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    # --- HTTP helpers -----------------------------------------------------------------
+    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
+        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def get(self, path: str, timeout: float = 60) -> dict:
+        with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def flush_cache(self) -> None:
+        req = urllib.request.Request(self.base + "/flush_cache", method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+
+    def ess_usage(self) -> dict:
+        return self.get("/ess/status")["schedulers"][0]
+
+    def generate(self, text: str, max_new_tokens: int, **extra) -> dict:
+        body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
+                                                   "ignore_eos": True}, "return_logprob": True}
+        body.update(extra)
+        return self.post("/generate", body)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group exists (zombies included until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg succeeds for zombies too; ignore the group once only zombies remain.
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            state, pgrp = fields[0], int(fields[2])
+        except (OSError, IndexError, ValueError):
+            continue
+        if pgrp == pgid and state != "Z":
+            return True
+    return False

@@ -183,6 +183,12 @@ def main() -> None:
             report["modes"][name] = entry
         finally:
             stop_server(proc)
+    on, off = report["modes"]["ess_on"], report["modes"]["ess_off"]
+    report["ratios_on_over_off"] = {
+        "output_throughput": on["output_throughput_tok_s"] / off["output_throughput_tok_s"],
+        "peak_running_requests": on["peak_running_requests"] / max(1, off["peak_running_requests"]),
+        "avg_concurrency": on["avg_concurrency"] / off["avg_concurrency"],
+    }
     out = os.path.join(RESULTS, f"serving_{stamp}.json")
     with open(out, "w") as fh:
         json.dump(report, fh, indent=1)
@@ -190,6 +196,9 @@ def main() -> None:
     for name, e in report["modes"].items():
         print(f"{name:8} {e['output_throughput_tok_s']:>10.1f} {e['avg_concurrency']:>9.2f} "
               f"{e['peak_running_requests']:>9} {e['completed']:>6}/{e['num_prompts']}")
+    r = report["ratios_on_over_off"]
+    print(f"ESS on / off: output tok/s {r['output_throughput']:.2f}x, peak running {r['peak_running_requests']:.2f}x, "
+          f"avg concurrency {r['avg_concurrency']:.2f}x (same device latent budget: {budget} rows per layer)")
     print("wrote", out)
 
 

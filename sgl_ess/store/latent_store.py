@@ -138,13 +138,23 @@ class LatentStore:
     def append(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
                req_to_host: torch.Tensor) -> None:
         """The step's newest latent rows: data uint8 [b, row_bytes] at token `positions` [b]
-        -> host pool and straight into a hot slot (most recently used, so always resident)."""
+        -> host pool (write-back) and straight into a hot slot (`admit`)."""
         rows = rows.to(self.device, torch.int64)
         positions = positions.to(self.device, torch.int64)
         check_rows(data, rows.numel(), self.cfg.row_bytes, "append")
-        self._check_batch(rows)
         locs = req_to_host.to(self.device)[rows, positions]
         self.write_host(layer, locs, data)
+        self.admit(layer, rows, positions, data)
+
+    def admit(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, data: torch.Tensor) -> None:
+        """Put the newest rows (already written to the host by the engine) into hot slots as the
+        most recently used entries, so the step that selects them does not fetch them back.
+        rows int64 [b] (unique, open), positions int64 [b], data uint8 [b, row_bytes]."""
+        self._check_layer(layer)
+        rows = rows.to(self.device, torch.int64)
+        positions = positions.to(self.device, torch.int64)
+        check_rows(data, rows.numel(), self.cfg.row_bytes, "admit")
+        self._check_batch(rows)
         a = assign(self.hot, layer, rows, positions + 1, positions.unsqueeze(1))
         n = self.cfg.hot_slots_per_request
         self.hot.layer_rows(layer).index_copy_(0, a.slots[:, 0] + rows * n, data.to(self.device))
@@ -152,9 +162,11 @@ class LatentStore:
     def layer_rows(self, layer: int) -> torch.Tensor:
         return self.hot.layer_rows(layer)
 
-    def usage(self) -> dict:
+    def usage(self, host_tokens_used: int | None = None) -> dict:
+        """Host and hot-buffer occupancy. An engine that hands out host locations with its own
+        allocator (SGLang) passes its count as `host_tokens_used`."""
         return {
-            "host_tokens_used": self.host.used_tokens,
+            "host_tokens_used": self.host.used_tokens if host_tokens_used is None else host_tokens_used,
             "host_tokens_capacity": self.host.capacity_tokens,
             "hot_requests_open": self.open_requests,
             "hot_slots_used": self.hot.used_slots(),

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STARTUP_TIMEOUT_S = 240
+STARTUP_TIMEOUT_S = 480  # a loaded 2-core machine can take minutes (tokenizer + scheduler start)
 
 
 def free_port() -> int:

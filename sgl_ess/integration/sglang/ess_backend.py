@@ -20,30 +20,26 @@ built yet and is refused at start.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sgl_ess.attention.reference import attend
+
 from .latent_store import EssLatentStore
 
 
 def sparse_mla(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, v_dim: int, scaling: float) -> torch.Tensor:
-    """Absorbed MLA over gathered latent rows.
+    """Absorbed MLA over gathered latent rows (sgl_ess.attention.reference.attend, fp32).
 
     q:     [T, H, D] latent query (D = R + P), any float dtype
     rows:  [T, k, D] gathered latent rows (same dtype as the cache)
     valid: [T, k] bool, False for -1 padding
-    returns [T, H, v_dim] in q's dtype. Computed in float32.
+    returns [T, H, v_dim] in q's dtype.
     """
-    qf, kf = q.float(), rows.float()
-    scores = torch.einsum("thd,tkd->thk", qf, kf) * scaling
-    scores = scores.masked_fill(~valid[:, None, :], -math.inf)
-    probs = torch.softmax(scores, dim=-1)
-    probs = torch.nan_to_num(probs, nan=0.0)  # a query with no valid row (cannot happen: pos itself is valid)
-    out = torch.einsum("thk,tkd->thd", probs, kf[..., :v_dim])
+    out, _ = attend(q, rows, valid, v_dim, scaling)
     return out.to(q.dtype)
 
 
@@ -108,6 +104,8 @@ class EssSparseAttnBackend(AttentionBackend):
         req_rows = forward_batch.req_pool_indices.long()
         if self.store is None:
             return self._attend(q, layer, topk_indices, req_rows, self._cache_rows(layer))
+        # the newest row: exactly the bytes SGLang just stored in the host pool
+        self.store.admit(layer.layer_id, req_rows, seq_lens.long() - 1, self._cache_rows(layer)[loc.long()])
         slots = self.store.resolve(layer.layer_id, req_rows, seq_lens, topk_indices,
                                    self.req_to_token_pool.req_to_token)
         return self._attend_slots(q, layer, slots, self.store.hot_rows(layer.layer_id))

@@ -116,6 +116,13 @@ class EssLatentStore:
         with self._lock:
             return self.store.resolve(layer, rows, seq_lens, topk, req_to_token)
 
+    def admit(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, latent: torch.Tensor) -> None:
+        """The decode step's newest latent rows ([b, kv_dim] in the cache dtype, as SGLang just
+        wrote them to the host pool) go straight into hot slots: no fetch-back as a miss."""
+        data = latent.contiguous().view(torch.uint8).reshape(latent.shape[0], self.row_bytes)
+        with self._lock:
+            self.store.admit(layer, rows, positions, data)
+
     def hot_rows(self, layer: int) -> torch.Tensor:
         """[R*N, kv_dim] view of this layer's hot slots, in the cache dtype."""
         return self.store.layer_rows(layer).view(self.dtype).view(-1, self.kv_dim)
@@ -132,11 +139,10 @@ class EssLatentStore:
             self.store.clear_host(locs.reshape(-1).long())
 
     def usage(self) -> dict:
-        u = dict(self.store.usage())
+        # SGLang's allocator hands out the host locations: its used size is the host usage.
+        used = None if self.allocator is None else int(self.allocator.size - self.allocator.available_size())
+        u = dict(self.store.usage(host_tokens_used=used))
         snap = self.store.counters.snapshot()
         u.update(hit_rate=snap["hit_rate"], rows_h2d=sum(snap["rows_h2d"]), warmup_rows=sum(snap["warmup_rows"]),
                  hot_slots_per_request=self.store_cfg.hot_slots_per_request)
-        if self.allocator is not None:
-            # SGLang's allocator hands out host locations: its used size is the host usage.
-            u["host_tokens_used"] = int(self.allocator.size - self.allocator.available_size())
         return u

@@ -1,5 +1,5 @@
 """One frozen ESS configuration, built from ``--ess-*`` flags, an ``--ess-config`` YAML file
-and ``SGL_ESS_*`` environment variables, validated once.
+and ``SGLESS_*`` environment variables, validated once.
 
 Precedence (later wins): defaults < YAML file < environment < command-line flags.
 The YAML format is the user's (ESS.md §5)::
@@ -13,7 +13,7 @@ The YAML format is the user's (ESS.md §5)::
       memory_pool_size_gb: 200
 
 No torch, no sglang here: this module is imported by the launcher before anything heavy.
-The validated config travels to SGLang's scheduler processes as JSON in ``SGL_ESS_CONFIG``.
+The validated config travels to SGLang's scheduler processes as JSON in ``SGLESS_CONFIG``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-ENV_CONFIG_JSON = "SGL_ESS_CONFIG"  # validated config, JSON; set by the launcher for child processes
+# Prefix SGLESS_, not SGL_: SGLang rewrites every SGL_* variable to SGLANG_* with a warning.
+ENV_CONFIG_JSON = "SGLESS_CONFIG"  # validated config, JSON; set by the launcher for child processes
 
 OFFLOAD_TARGETS = ("cpu_memory",)
 OVERLAP_LEVELS = ("none", "da", "dba", "full")
@@ -46,7 +47,7 @@ class EssField:
 
 
 # The one table of ESS settings: flag ``--ess-<name with dashes>``, YAML ``ess_config.<name>``,
-# env ``SGL_ESS_<NAME>``.
+# env ``SGLESS_<NAME>``.
 FIELDS: tuple[EssField, ...] = (
     EssField("enabled", bool, True,
              "Keep the latent history in the host pool and only top-k hot rows per request on the device. "
@@ -184,7 +185,7 @@ def build_config(yaml_path: str | None = None, flags: Mapping[str, Any] | None =
             values[k] = _coerce(FIELD_BY_NAME[k], v, yaml_path)
         engine = _validate_engine(data.get("inference_engine") or {}, yaml_path)
     for f in FIELDS:
-        env_name = "SGL_ESS_" + f.name.upper()
+        env_name = "SGLESS_" + f.name.upper()
         if env_name in environ:
             values[f.name] = _coerce(f, environ[env_name], f"environment variable {env_name}:")
     for name, v in (flags or {}).items():

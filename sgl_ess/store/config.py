@@ -47,19 +47,19 @@ class StoreConfig:
         _positive("num_layers", self.num_layers, "the model config (num_hidden_layers)")
         _positive("row_bytes", self.row_bytes, "the latent layout (kv_cache_dim x dtype bytes)")
         _positive("host_capacity_tokens", self.host_capacity_tokens,
-                  "--ess-memory-pool-gb / ess_config.memory_pool_size_gb")
+                  "--ess-memory-pool-size-gb / ess_config.memory_pool_size_gb")
         _positive("max_requests", self.max_requests, "--max-running-requests")
         _positive("topk", self.topk, "the model config (index_topk)")
         _positive("max_context_tokens", self.max_context_tokens, "--context-length")
         if self.warmup_window < 0:
             raise StoreConfigError(
                 f"warmup_window={self.warmup_window}: expected >= 0 (0 disables LRU warmup); "
-                "set --ess-warmup-window")
+                "set --ess-warmup-queries")
         if self.hot_slots_per_request < self.topk + 1:
             raise StoreConfigError(
                 f"hot_slots_per_request={self.hot_slots_per_request} is smaller than topk+1="
                 f"{self.topk + 1}: a step's top-k plus the newest token must all be resident. "
-                "Raise --ess-hot-slots (or --ess-sparse-ratio); the paper recommends >= "
+                "Raise --ess-hot-slots-per-request (or the sparse memory ratio); the paper recommends >= "
                 f"{PAPER_MIN_HOT_SLOTS}")
 
     @property
@@ -82,14 +82,14 @@ def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float 
     `min_slots`, never below topk + 1 and never above the context when it is known)."""
     if slots is not None:
         if slots <= 0:
-            raise StoreConfigError(f"hot slots={slots}: expected > 0; set --ess-hot-slots")
+            raise StoreConfigError(f"hot slots={slots}: expected > 0; set --ess-hot-slots-per-request")
         return max(int(slots), topk + 1)
     if ratio is None:
         n = min_slots
     else:
         if not (0.0 < ratio <= 1.0):
             raise StoreConfigError(
-                f"sparse memory ratio={ratio}: expected 0 < r <= 1; set --ess-sparse-ratio")
+                f"sparse memory ratio={ratio}: expected 0 < r <= 1 (the sparse memory ratio: GPU slots / context)")
         if context_tokens is None or context_tokens <= 0:
             raise StoreConfigError("a sparse memory ratio needs the context length; set --context-length")
         n = max(math.ceil(ratio * context_tokens), min_slots)

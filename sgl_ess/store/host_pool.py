@@ -52,7 +52,7 @@ class HostLatentPool:
             raise HostPoolFullError(
                 f"host latent pool full: asked for {n_tokens} token rows, {self._n_free} free of "
                 f"{self.capacity_tokens} ({self.num_layers} layers x {self.row_bytes} B each). "
-                "Raise --ess-memory-pool-gb (ess_config.memory_pool_size_gb) or admit fewer requests")
+                "Raise --ess-memory-pool-size-gb (ess_config.memory_pool_size_gb) or admit fewer requests")
         start = self._n_free - n_tokens
         locs = self._free[start:self._n_free].clone()
         self._n_free = start
@@ -105,4 +105,4 @@ class HostLatentPool:
         if locs.numel() and (int(locs.min()) < 0 or int(locs.max()) >= self.capacity_tokens):
             raise IndexError(
                 f"host location out of range [{int(locs.min())}, {int(locs.max())}]: the pool has "
-                f"{self.capacity_tokens} token rows (--ess-memory-pool-gb sets the capacity)")
+                f"{self.capacity_tokens} token rows (--ess-memory-pool-size-gb sets the capacity)")

@@ -32,8 +32,8 @@ ess_config:
 
 def test_precedence_flags_over_env_over_yaml(tmp_path):
     path = _yaml(tmp_path, "ess_config: {hot_slots_per_request: 64, warmup_queries: 8}\n")
-    cfg = build_config(path, {"hot_slots_per_request": "100"}, environ={"SGL_ESS_WARMUP_QUERIES": "16",
-                                                                        "SGL_ESS_HOT_SLOTS_PER_REQUEST": "80"})
+    cfg = build_config(path, {"hot_slots_per_request": "100"}, environ={"SGLESS_WARMUP_QUERIES": "16",
+                                                                        "SGLESS_HOT_SLOTS_PER_REQUEST": "80"})
     assert cfg.hot_slots_per_request == 100 and cfg.warmup_queries == 16
 
 

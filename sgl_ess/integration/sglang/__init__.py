@@ -9,6 +9,6 @@ Module map:
   ess_backend.py           the ``ess`` sparse-MLA attention backend (top-k rows; ESS off: device pool, on: store)
   latent_store.py          adapter between SGLang's pools/requests and ``sgl_ess.store.LatentStore``
   lifecycle.py             frees hot buffers / host rows on finish, abort, retract, flush; usage into internal state
-  dummy_init.py            unit-variance random weights for the embedded model (``SGL_ESS_DUMMY_INIT=scaled``)
+  dummy_init.py            unit-variance random weights for the embedded model (``SGLESS_DUMMY_INIT=scaled``)
   server_args.py           ``python -m sgl_ess.launch_server``: ``--ess-*`` flags, defaults, ``/ess/status``
 """

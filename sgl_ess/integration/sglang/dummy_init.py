@@ -2,7 +2,7 @@
 
 SGLang's ``--load-format dummy`` fills every parameter with U(-1e-3, 1e-3): norms near zero,
 so the logits are flat (every token ~ -ln(vocab)) and attention barely reaches the output,
-which would make "ESS on == ESS off" a weak check. With ``SGL_ESS_DUMMY_INIT=scaled`` (the
+which would make "ESS on == ESS off" a weak check. With ``SGLESS_DUMMY_INIT=scaled`` (the
 launcher sets it for the embedded model) matrices get U(-a, a), a = sqrt(3 / fan_in) (unit
 variance outputs), norm weights 1, biases 0. Deterministic: one fixed seed per parameter index.
 """
@@ -18,7 +18,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import targets
 
-ENV = "SGL_ESS_DUMMY_INIT"
+ENV = "SGLESS_DUMMY_INIT"
 
 
 def scaled_dummy_init(model: torch.nn.Module, seed: int = 1234) -> None:

@@ -4,7 +4,7 @@ The ESS flags are parsed and validated first (sgl_ess.config), then removed from
 rest goes to SGLang's own ``prepare_server_args`` and ``run_server`` unchanged, so every
 SGLang flag (and ``--config``) keeps its meaning. Missing flags get the embedded defaults:
 the tiny DeepSeek-V3.2 model with random weights, 127.0.0.1, the CPU when there is no CUDA.
-The validated ESS config reaches SGLang's scheduler processes as JSON in ``SGL_ESS_CONFIG``.
+The validated ESS config reaches SGLang's scheduler processes as JSON in ``SGLESS_CONFIG``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> list[str]:
         out += ["--model-path", model]
         if model == TINY_DSV32_DIR and not _has(out, "--load-format"):
             out += ["--load-format", "dummy"]
-            os.environ.setdefault("SGL_ESS_DUMMY_INIT", "scaled")
+            os.environ.setdefault("SGLESS_DUMMY_INIT", "scaled")
     if not _has(out, "--host"):
         out += ["--host", "127.0.0.1"]
     if not _has(out, "--port"):

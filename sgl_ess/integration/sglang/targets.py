@@ -25,7 +25,7 @@ PATCHED = {
     REQ_ROWS_FREE: "AFTER: close the ESS hot buffer of every freed request row (finish/abort/retract)",
     PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
-    DUMMY_WEIGHTS_INIT: "AROUND: with SGL_ESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",
+    DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",
     INTERNAL_STATE: "AFTER: add ESS host-pool / hot-buffer usage to the scheduler's internal state",
 }
 

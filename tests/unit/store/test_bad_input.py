@@ -60,7 +60,7 @@ def test_unknown_request_ids_and_rows():
 def test_allocation_beyond_host_capacity_then_store_still_correct():
     store, table = make_store(k=4, n=8, host_tokens=50)
     _filled(store, table, "a", 30)
-    with pytest.raises(HostPoolFullError, match="asked for 25 token rows, 20 free of 50.*--ess-memory-pool-gb"):
+    with pytest.raises(HostPoolFullError, match="asked for 25 token rows, 20 free of 50.*--ess-memory-pool-size-gb"):
         table.add("b", 25)
     assert "b" not in table and store.usage()["host_tokens_used"] == 30
     _filled(store, table, "c", 20)  # exactly the rest
@@ -82,13 +82,13 @@ def test_bad_rows_for_writes():
 
 
 def test_config_errors_name_the_flag():
-    with pytest.raises(StoreConfigError, match="hot_slots_per_request=10 is smaller than topk\\+1=17.*--ess-hot-slots"):
+    with pytest.raises(StoreConfigError, match="hot_slots_per_request=10 is smaller than topk\\+1=17.*--ess-hot-slots-per-request"):
         StoreConfig(num_layers=1, row_bytes=8, host_capacity_tokens=10, hot_slots_per_request=10,
                      max_requests=1, topk=16)
-    with pytest.raises(StoreConfigError, match="host_capacity_tokens=0.*--ess-memory-pool-gb"):
+    with pytest.raises(StoreConfigError, match="host_capacity_tokens=0.*--ess-memory-pool-size-gb"):
         StoreConfig(num_layers=1, row_bytes=8, host_capacity_tokens=0, hot_slots_per_request=20,
                      max_requests=1, topk=16)
-    with pytest.raises(StoreConfigError, match="ratio=1.5: expected 0 < r <= 1.*--ess-sparse-ratio"):
+    with pytest.raises(StoreConfigError, match="ratio=1.5: expected 0 < r <= 1 .the sparse memory ratio"):
         hot_slots_for(2048, context_tokens=32768, ratio=1.5)
 
 

@@ -20,7 +20,7 @@ def test_alloc_write_read_free_clears_rows():
 def test_full_pool_raises_clear_error_and_keeps_working():
     pool = HostLatentPool(num_layers=1, capacity_tokens=5, row_bytes=4)
     a = pool.alloc(3)
-    with pytest.raises(HostPoolFullError, match="asked for 4 token rows, 2 free of 5.*--ess-memory-pool-gb"):
+    with pytest.raises(HostPoolFullError, match="asked for 4 token rows, 2 free of 5.*--ess-memory-pool-size-gb"):
         pool.alloc(4)
     assert pool.used_tokens == 3  # the failed call changed nothing
     b = pool.alloc(2)

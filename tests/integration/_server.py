@@ -25,14 +25,14 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, name: str, args: list[str]):
+    def __init__(self, name: str, args: list[str], env: dict | None = None):
         self.name = name
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"sgl_ess_{name}_", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **(env or {})})
         self.pgid = self.proc.pid
 
     def log_tail(self, n: int = 60) -> str:

@@ -24,9 +24,9 @@ def _need_sglang():
         pytest.skip("sglang is not installed (run launch/setup.sh)")
 
 
-def _start(name, args):
+def _start(name, args, env=None):
     _need_sglang()
-    srv = Server(name, args)
+    srv = Server(name, args, env)
     try:
         srv.wait_healthy()
     except Exception:

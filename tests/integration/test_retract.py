@@ -1,0 +1,33 @@
+"""Retraction frees ESS state: with SGLang's own test switch forcing `retract_decode` every few
+steps, every request still completes and host-pool / hot-buffer usage returns to zero."""
+import concurrent.futures as cf
+import re
+
+import pytest
+
+from .conftest import HOT_SLOTS, _start
+from ._server import group_alive
+from .test_usage_release import _prompt, _wait_zero
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server_retract():
+    srv = _start("ess_retract", ["--ess-hot-slots-per-request", str(HOT_SLOTS), "--max-running-requests", "8",
+                                 "--max-total-tokens", "16384"],
+                 env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"})
+    yield srv
+    srv.stop()
+    assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
+
+
+def test_retracted_requests_complete_and_release_everything(server_retract):
+    with cf.ThreadPoolExecutor(6) as ex:
+        results = list(ex.map(lambda i: server_retract.generate(_prompt(300 + i), 24), range(6)))
+    assert all(r["meta_info"]["completion_tokens"] == 24 for r in results)
+    retracted = [int(n) for n in re.findall(r"Testing retraction\. #retracted_reqs: (\d+)",
+                                             server_retract.log_tail(100000))]
+    assert sum(retracted) > 0, "SGLang did not retract any request; the test proves nothing"
+    u = _wait_zero(server_retract)
+    assert u["hot_requests_open"] == 0 and u["hot_slots_used"] == 0 and u["host_tokens_used"] == 0

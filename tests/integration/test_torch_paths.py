@@ -42,3 +42,15 @@ def test_sparse_mla_over_all_positions_equals_dense_attention():
         kv = rows[i][valid[i]]
         ref = torch.softmax(q[i] @ kv.T * 0.3, -1) @ kv[:, :v]
         assert torch.allclose(out[i], ref, atol=1e-5)
+
+
+def test_dense_topk_positions_is_causal_per_query():
+    from sgl_ess.integration.sglang.ess_backend import dense_topk_positions
+
+    got = dense_topk_positions([3, 5], [2, 1], "cpu")
+    want = torch.tensor([[0, 1, -1, -1, -1],      # request 0, query at position 1
+                         [0, 1, 2, -1, -1],       # request 0, query at position 2
+                         [0, 1, 2, 3, 4]],        # request 1, query at position 4
+                        dtype=torch.int32)
+    assert torch.equal(got, want)
+    assert dense_topk_positions([], [], "cpu").shape == (0, 0)

@@ -44,14 +44,18 @@ def sparse_mla(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, v_dim: 
 
 
 def dense_topk_positions(seq_lens: list[int], n_q: list[int], device) -> torch.Tensor:
-    """Fallback top-k when a layer gives none: every causal position (used only if k >= seq)."""
+    """Fallback top-k when a layer gives none: every causal position (used only if k >= seq).
+
+    Query j of a request with seq_len s and n queries sits at position s - n + j and sees
+    positions 0..s-n+j; returns int32 [sum(n_q), max(seq_lens)], -1 padded."""
     width = max(seq_lens) if seq_lens else 0
-    out = []
-    for s, n in zip(seq_lens, n_q):
-        pos = torch.arange(width, device=device)
-        for t in range(s - n, s):
-            out.append(torch.where(pos <= t, pos, torch.full_like(pos, -1)))
-    return torch.stack(out).to(torch.int32) if out else torch.empty(0, width, dtype=torch.int32, device=device)
+    s = torch.tensor(seq_lens, dtype=torch.int64)
+    n = torch.tensor(n_q, dtype=torch.int64)
+    first = torch.repeat_interleave(s - n, n)                       # position of each request's first query
+    offset = torch.arange(int(n.sum())) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
+    query_pos = (first + offset).to(device)
+    pos = torch.arange(width, device=device)
+    return torch.where(pos[None, :] <= query_pos[:, None], pos[None, :], -1).to(torch.int32)
 
 
 class EssSparseAttnBackend(AttentionBackend):

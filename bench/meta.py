@@ -20,23 +20,28 @@ def run_metadata() -> dict:
         except Exception:
             return None
     versions = {"python": platform.python_version()}
-    for mod in ("torch", "numpy", "sglang", "triton"):
+    for mod in ("sgl_ess", "torch", "numpy", "sglang", "triton"):
         try:
             versions[mod] = __import__(mod).__version__
         except Exception:
             versions[mod] = None
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except Exception:
+        cuda = False
     return {
         "command": " ".join(["python", *getattr(sys, "orig_argv", sys.argv)[1:]]),
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(_git("status", "--porcelain")),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cuda": cuda},
     }
 
 
 def write_result(name: str, payload: dict) -> pathlib.Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"meta": run_metadata(), **payload}, indent=1) + "\n")
+    path.write_text(json.dumps({"meta": run_metadata(), **payload}, indent=1, default=float) + "\n")
     return path

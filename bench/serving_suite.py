@@ -22,7 +22,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import signal
 import socket
@@ -33,8 +32,10 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.meta import write_result  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "bench", "results")
 MODEL = os.path.join(REPO, "sgl_ess", "models", "tiny_dsv32")
 
 
@@ -120,28 +121,6 @@ def bench(base: str, backend: str, a, out_file: str) -> tuple[list[str], dict]:
     return cmd, lines[-1]
 
 
-def versions() -> dict:
-    import torch
-
-    import sgl_ess
-
-    try:
-        import sglang
-
-        sgl_version = sglang.__version__
-    except ImportError:
-        sgl_version = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                                    text=True).stdout.strip())
-    except OSError:
-        commit, dirty = None, None
-    return {"sgl_ess": sgl_ess.__version__, "sglang": sgl_version, "torch": torch.__version__,
-            "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "cuda": torch.cuda.is_available(), "commit": commit, "dirty_worktree": dirty}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=32)
@@ -158,10 +137,9 @@ def main() -> None:
         "ess_on": ["--ess-hot-slots-per-request", str(a.hot_slots), *common,
                    "--max-total-tokens", str(max(65536, 2 * a.num_prompts * (a.input_len + a.output_len)))],
     }
-    os.makedirs(RESULTS, exist_ok=True)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    report = {"suite": "serving", "command": [sys.executable, *sys.argv], "utc": stamp, "versions": versions(),
-              "device_latent_budget_tokens_per_layer": budget, "workload": vars(a), "modes": {}}
+    report = {"suite": "serving", "device_latent_budget_tokens_per_layer": budget, "workload": vars(a),
+              "modes": {}}
     tmp = tempfile.mkdtemp(prefix="sgl_ess_bench_")
     for name, args in modes.items():
         log = os.path.join(tmp, f"{name}.log")
@@ -189,9 +167,7 @@ def main() -> None:
         "peak_running_requests": on["peak_running_requests"] / max(1, off["peak_running_requests"]),
         "avg_concurrency": on["avg_concurrency"] / off["avg_concurrency"],
     }
-    out = os.path.join(RESULTS, f"serving_{stamp}.json")
-    with open(out, "w") as fh:
-        json.dump(report, fh, indent=1)
+    out = write_result(f"serving_{stamp}", report)
     print(f"{'mode':8} {'out tok/s':>10} {'avg conc':>9} {'peak run':>9} {'completed':>10}")
     for name, e in report["modes"].items():
         print(f"{name:8} {e['output_throughput_tok_s']:>10.1f} {e['avg_concurrency']:>9.2f} "

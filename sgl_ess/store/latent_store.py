@@ -146,15 +146,18 @@ class LatentStore:
         self.write_host(layer, locs, data)
         self.admit(layer, rows, positions, data)
 
-    def admit(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, data: torch.Tensor) -> None:
+    def admit(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
+              validate: bool = True) -> None:
         """Put the newest rows (already written to the host by the engine) into hot slots as the
         most recently used entries, so the step that selects them does not fetch them back.
-        rows int64 [b] (unique, open), positions int64 [b], data uint8 [b, row_bytes]."""
+        rows int64 [b] (unique, open), positions int64 [b], data uint8 [b, row_bytes].
+        `validate=False` skips the batch checks (a host sync) on a trusted hot path."""
         self._check_layer(layer)
         rows = rows.to(self.device, torch.int64)
         positions = positions.to(self.device, torch.int64)
         check_rows(data, rows.numel(), self.cfg.row_bytes, "admit")
-        self._check_batch(rows)
+        if validate:
+            self._check_batch(rows)
         a = assign(self.hot, layer, rows, positions + 1, positions.unsqueeze(1))
         n = self.cfg.hot_slots_per_request
         self.hot.layer_rows(layer).index_copy_(0, a.slots[:, 0] + rows * n, data.to(self.device))

@@ -114,14 +114,14 @@ class EssLatentStore:
     def resolve(self, layer: int, rows: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
                 req_to_token: torch.Tensor) -> torch.Tensor:
         with self._lock:
-            return self.store.resolve(layer, rows, seq_lens, topk, req_to_token)
+            return self.store.resolve(layer, rows, seq_lens, topk, req_to_token, validate=layer == 0)
 
     def admit(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, latent: torch.Tensor) -> None:
         """The decode step's newest latent rows ([b, kv_dim] in the cache dtype, as SGLang just
         wrote them to the host pool) go straight into hot slots: no fetch-back as a miss."""
         data = latent.contiguous().view(torch.uint8).reshape(latent.shape[0], self.row_bytes)
-        with self._lock:
-            self.store.admit(layer, rows, positions, data)
+        with self._lock:  # the batch is checked once per step (layer 0), not on every layer
+            self.store.admit(layer, rows, positions, data, validate=layer == 0)
 
     def hot_rows(self, layer: int) -> torch.Tensor:
         """[R*N, kv_dim] view of this layer's hot slots, in the cache dtype."""

@@ -26,13 +26,15 @@ def sparse_mla_decode(q: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
 
 
 def attend(q: torch.Tensor, kv: torch.Tensor, keep: torch.Tensor, kv_lora_rank: int,
-           sm_scale: float):
-    """q [b, h, dim], kv float [b, k, dim], keep bool [b, k] -> (out [b, h, r], lse [b, h])."""
-    scores = torch.bmm(q.float(), kv.float().transpose(1, 2)) * sm_scale       # [b, h, k]
+           sm_scale: float, acc_dtype: torch.dtype = torch.float32):
+    """q [b, h, dim], kv float [b, k, dim], keep bool [b, k] -> (out [b, h, r], lse [b, h]) in
+    `acc_dtype`. float64 makes a split attention merged by log-sum-exp (DA) round to the same
+    bf16 output as the unsplit one except with negligible probability (~1e-16 vs bf16's 4e-3 ulp)."""
+    scores = torch.bmm(q.to(acc_dtype), kv.to(acc_dtype).transpose(1, 2)) * sm_scale   # [b, h, k]
     scores = scores.masked_fill(~keep.unsqueeze(1), float("-inf"))
     lse = torch.logsumexp(scores, dim=2)
     p = torch.exp(scores - lse.unsqueeze(2)).nan_to_num(0.0)
-    out = torch.bmm(p, kv[..., :kv_lora_rank].float())                        # [b, h, r]
+    out = torch.bmm(p, kv[..., :kv_lora_rank].to(acc_dtype))                  # [b, h, r]
     return out, lse
 
 

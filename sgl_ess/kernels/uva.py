@@ -39,11 +39,65 @@ def device_view(t: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("device_view needs CUDA; on CPU use the torch FlashTrans path")
     if t.is_cuda:
         return t
-    if not t.is_pinned():
-        raise ValueError("device_view: the host tensor must be pinned (StoreConfig.pin_host)")
+    if not (t.is_pinned() or _registered(t)):
+        raise ValueError("device_view: the host tensor must be pinned or registered (StoreConfig.pin_host)")
     if not t.is_contiguous() or t.dtype not in _TYPESTR:
         raise ValueError(f"device_view: need a contiguous {list(_TYPESTR)} tensor, got {t.dtype}")
     arr = _CudaArray(device_pointer(t.data_ptr()), t.shape, _TYPESTR[t.dtype], t)
     view = torch.as_tensor(arr, device="cuda")
     view._sgl_ess_owner = arr  # keep the pinned storage alive while the view lives
     return view
+
+
+_REGISTERED: list["HostRegistration"] = []
+
+
+def _registered(t: torch.Tensor) -> bool:
+    p, n = t.data_ptr(), t.numel() * t.element_size()
+    return any(r.ptr <= p and p + n <= r.ptr + r.nbytes and r.chunks for r in _REGISTERED)
+
+
+class HostRegistration:
+    """Page-locks an existing host tensor in place (cudaHostRegister, in chunks) for zero-copy GPU
+    access; `unregister()` undoes it. Owned by whoever owns the tensor (the host pool)."""
+
+    CHUNK_BYTES = 1 << 30
+
+    def __init__(self, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES):
+        if not torch.cuda.is_available():
+            raise RuntimeError("register_host needs CUDA; on CPU the host pool is used as is")
+        if t.is_cuda or not t.is_contiguous():
+            raise ValueError("register_host: need a contiguous CPU tensor")
+        self.tensor = t
+        self.ptr = t.data_ptr()
+        self.nbytes = t.numel() * t.element_size()
+        self.chunks: list[tuple[int, int]] = []
+        cudart = torch.cuda.cudart()
+        off = 0
+        try:
+            while off < self.nbytes:
+                size = min(chunk_bytes, self.nbytes - off)
+                rc = cudart.cudaHostRegister(self.ptr + off, size, 0)
+                if int(rc) != 0:
+                    raise RuntimeError(
+                        f"cudaHostRegister failed (error {int(rc)}) at byte {off} of a {self.nbytes}-byte host "
+                        "pool: the OS limits page-locked memory (ulimit -l, container memlock) or the pool is "
+                        "larger than free RAM. Lower --ess-memory-pool-size-gb")
+                self.chunks.append((self.ptr + off, size))
+                off += size
+        except Exception:
+            self.unregister()
+            raise
+        _REGISTERED.append(self)
+
+    def unregister(self) -> None:
+        cudart = torch.cuda.cudart()
+        for ptr, _ in self.chunks:
+            cudart.cudaHostUnregister(ptr)
+        self.chunks = []
+        if self in _REGISTERED:
+            _REGISTERED.remove(self)
+
+
+def register_host(t: torch.Tensor, chunk_bytes: int = HostRegistration.CHUNK_BYTES) -> HostRegistration:
+    return HostRegistration(t, chunk_bytes)

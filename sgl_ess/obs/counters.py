@@ -5,10 +5,11 @@ sync); read back only by `snapshot()` (metrics, tests, benchmarks).
 
 | counter            | shape  | answers                                               |
 | ------------------ | ------ | ----------------------------------------------------- |
-| hits / misses      | [L, R] | per (layer, request row) since the request opened      |
+| hits / misses      | [L, R] | per (layer, request index) since the request opened      |
 | layer_hits/misses  | [L]    | per layer since start (survives requests)              |
 | rows_h2d / d2h     | [L]    | rows fetched host->device (misses + warmup) / written |
 | warmup_rows        | [L]    | rows fetched by LRU warmup                             |
+| refetch_rows       | [L]    | staged rows re-fetched inline (stale ring tag)         |
 Bytes are rows x row_bytes.
 """
 from __future__ import annotations
@@ -23,16 +24,17 @@ class StoreCounters:
         self.hits, self.misses = z(num_layers, max_requests), z(num_layers, max_requests)
         self.layer_hits, self.layer_misses = z(num_layers), z(num_layers)
         self.rows_h2d, self.rows_d2h, self.warmup_rows = z(num_layers), z(num_layers), z(num_layers)
+        self.refetch_rows = z(num_layers)
 
-    def reset_request(self, row: int) -> None:
-        self.hits[:, row] = 0
-        self.misses[:, row] = 0
+    def reset_request(self, req: int) -> None:
+        self.hits[:, req] = 0
+        self.misses[:, req] = 0
 
-    def add_step(self, layer: int, rows: torch.Tensor, hit: torch.Tensor, miss: torch.Tensor) -> None:
+    def add_step(self, layer: int, reqs: torch.Tensor, hit: torch.Tensor, miss: torch.Tensor) -> None:
         h = hit.sum(dim=1)
         m = miss.sum(dim=1)
-        self.hits[layer].index_add_(0, rows, h)
-        self.misses[layer].index_add_(0, rows, m)
+        self.hits[layer].index_add_(0, reqs, h)
+        self.misses[layer].index_add_(0, reqs, m)
         self.layer_hits[layer] += h.sum()
         self.layer_misses[layer] += m.sum()
         self.rows_h2d[layer] += m.sum()
@@ -41,11 +43,15 @@ class StoreCounters:
         self.warmup_rows[layer] += n_rows
         self.rows_h2d[layer] += n_rows
 
+    def add_refetch(self, layer: int, n_rows: int) -> None:
+        self.refetch_rows[layer] += n_rows
+        self.rows_h2d[layer] += n_rows
+
     def add_d2h(self, layer: int, n_rows: int) -> None:
         self.rows_d2h[layer] += n_rows
 
-    def request(self, row: int) -> dict:
-        return {"hits": self.hits[:, row].tolist(), "misses": self.misses[:, row].tolist()}
+    def request(self, req: int) -> dict:
+        return {"hits": self.hits[:, req].tolist(), "misses": self.misses[:, req].tolist()}
 
     def snapshot(self) -> dict:
         hits, misses = self.layer_hits.tolist(), self.layer_misses.tolist()
@@ -57,6 +63,7 @@ class StoreCounters:
             "rows_h2d": self.rows_h2d.tolist(),
             "rows_d2h": self.rows_d2h.tolist(),
             "warmup_rows": self.warmup_rows.tolist(),
+            "refetch_rows": self.refetch_rows.tolist(),
             "bytes_h2d": int(self.rows_h2d.sum()) * self.row_bytes,
             "bytes_d2h": int(self.rows_d2h.sum()) * self.row_bytes,
         }

@@ -30,6 +30,9 @@ class StoreConfig:
     device:                where hot buffers live ("cpu", "cuda", "cuda:1")
     pin_host:              page-lock the host pool (None: yes exactly when device is CUDA)
     warmup_window:         W, prefill query positions whose top-k warm the LRU
+    ring_slots:            staging-ring rows per ring group (0: max_requests x topk / 8, >= topk)
+    ring_micro_batches:    sub-batches of one layer that may be in flight at once (DBA halves x
+                           Two-Batch-Overlap micro-batches); each gets its own ring group
     """
 
     num_layers: int
@@ -42,6 +45,8 @@ class StoreConfig:
     device: str = "cpu"
     pin_host: bool | None = None
     warmup_window: int = 32
+    ring_slots: int = 0
+    ring_micro_batches: int = 4
 
     def __post_init__(self) -> None:
         _positive("num_layers", self.num_layers, "the model config (num_hidden_layers)")
@@ -55,12 +60,28 @@ class StoreConfig:
             raise StoreConfigError(
                 f"warmup_window={self.warmup_window}: expected >= 0 (0 disables LRU warmup); "
                 "set --ess-warmup-queries")
+        if self.ring_slots < 0 or self.ring_micro_batches < 1:
+            raise StoreConfigError(
+                f"ring_slots={self.ring_slots}, ring_micro_batches={self.ring_micro_batches}: expected "
+                "ring_slots >= 0 (0 = derive) and ring_micro_batches >= 1; set --ess-ring-slots")
         if self.hot_slots_per_request < self.topk + 1:
             raise StoreConfigError(
                 f"hot_slots_per_request={self.hot_slots_per_request} is smaller than topk+1="
                 f"{self.topk + 1}: a step's top-k plus the newest token must all be resident. "
                 "Raise --ess-hot-slots-per-request (or the sparse memory ratio); the paper recommends >= "
                 f"{PAPER_MIN_HOT_SLOTS}")
+
+    @property
+    def ring_groups(self) -> int:
+        """Ring groups: layer parity (a layer's ring is committed while the next layer runs) x
+        micro-batches."""
+        return 2 * self.ring_micro_batches
+
+    @property
+    def ring_slots_per_group(self) -> int:
+        if self.ring_slots:
+            return self.ring_slots
+        return max(self.topk, self.max_requests * self.topk // 8)
 
     @property
     def hot_slots_total(self) -> int:
@@ -73,7 +94,9 @@ class StoreConfig:
 
     @property
     def device_bytes(self) -> int:
-        return self.num_layers * self.hot_slots_total * self.row_bytes
+        """Hot buffers + staging rings (the latent bytes ESS keeps on the device)."""
+        ring = self.ring_groups * self.ring_slots_per_group
+        return (self.num_layers * self.hot_slots_total + ring) * self.row_bytes
 
 
 def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float | None = None,

@@ -1,9 +1,12 @@
 """HostLatentPool: the full latent history of every request, in host memory.
 
 Memory: one uint8 tensor `rows [num_layers, capacity_tokens, row_bytes]`, layer-first like
-SGLang's DSA pools, owned by this object for the life of the process. On CUDA machines it is
-page-locked (pinned) so GPU kernels can read and write it directly (zero-copy); on CPU it is
-plain shared memory (`share_memory_()`), so a prefetch worker process can map it.
+SGLang's DSA pools, owned by this object for the life of the process. It lives in an anonymous
+shared-memory segment (`self.segment`, memfd) so a prefetch worker process maps the same bytes.
+With `pin=True` (CUDA machines) the segment is also page-locked in place with chunked
+cudaHostRegister (sgl_ess.kernels.uva.register_host) so GPU kernels read and write it directly
+(zero-copy); no `pin_memory()` copy, whose caching allocator would round a 200 GB pool up to
+the next power of two.
 
 Token locations ("host locs", 0..capacity-1) are handed out by `alloc` and returned by
 `free`, which zeroes every layer's row first: rows hold user data and must not leak from one
@@ -13,6 +16,8 @@ use `write`/`clear` on the locations it hands out.
 from __future__ import annotations
 
 import torch
+
+from sgl_ess.store.shared_memory import SharedSegment
 
 
 class HostPoolFullError(RuntimeError):
@@ -24,9 +29,14 @@ class HostLatentPool:
         self.num_layers = num_layers
         self.capacity_tokens = capacity_tokens
         self.row_bytes = row_bytes
+        self.segment = SharedSegment(num_layers * capacity_tokens * row_bytes, label="sgl_ess_host")
+        self.rows = self.segment.tensor(torch.uint8, (num_layers, capacity_tokens, row_bytes))
+        self.registration = None
+        if pin:
+            from sgl_ess.kernels.uva import register_host
+
+            self.registration = register_host(self.rows)
         self.pinned = pin
-        rows = torch.zeros((num_layers, capacity_tokens, row_bytes), dtype=torch.uint8)
-        self.rows = rows.pin_memory() if pin else rows.share_memory_()
         # free stack: _free[:_n_free] are free locations
         self._free = torch.arange(capacity_tokens - 1, -1, -1, dtype=torch.int64)
         self._n_free = capacity_tokens

@@ -1,60 +1,101 @@
-"""LatentStore: the engine-facing ESS store (host pool + hot buffers + resolver + FlashTrans).
+"""LatentStore: the engine-facing ESS store (host pool + slot space + LRU state + fetch engine).
 
-Memory ownership: the host pool (`self.host`) and the hot buffers (`self.hot`) are allocated
-once here and live as long as this object. Hot-buffer rows are keyed by a request *row*
-r in [0, max_requests) (an engine's request-pool index); token -> host-location maps
-(`req_to_host int64 [max_requests, max_context]`) belong to the caller (SGLang's req_to_token,
-or `sgl_ess.store.requests.RequestTable`), so a radix cache can share host rows between
-requests.
+Memory ownership (allocated once here, alive as long as this object):
+  host   HostLatentPool  uint8 [L, T, B]  every token's latent row (shared segment; registered
+                                          for zero-copy access on CUDA)
+  slots  SlotSpace       uint8 [S, B]     hot buffers (R x N slots per layer) + staging rings,
+                                          one flat space attention indexes; `ring_tags`
+  hot    DeviceHotBuffer                  the exact-LRU state of every (layer, request)
+  engine FetchEngine                      runs the row moves (inline, or a worker process)
+Request indices r in [0, max_requests) are an engine's request-pool indices; the token ->
+host-location map (`req_to_host int64 [max_requests, max_context]`) belongs to the caller
+(SGLang's req_to_token, or sgl_ess.store.requests.RequestTable), so a radix cache can share
+host rows between requests.
 
-Per decode step and layer the engine calls, in order:
-  write_host(layer, locs, rows)          the step's new latent rows -> host (and `append` puts
-                                         them in the hot buffer too)
-  resolve(layer, rows, seq_lens, topk, req_to_host) -> slot table for attention
+Per decode step and layer (see step_plan.py):
+  plan(layer, reqs, seq_lens, topk, req_to_host) -> StepPlan   resolve + submit the fetch
+  land(plan)                                                   wait for it, verify ring tags
+  commit(plan)                                                 ring rows -> LRU slots (background)
+`resolve` does all three and returns the hot-slot rows (the synchronous form).
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from sgl_ess.kernels.flashtrans import copy_rows
 from sgl_ess.obs.counters import StoreCounters
+from sgl_ess.prefetch.engine import FetchEngine, InlineEngine, Ticket
+from sgl_ess.prefetch.memory import StoreMemory
+from sgl_ess.prefetch.plan import CopyPlan
 from sgl_ess.store.config import StoreConfig
 from sgl_ess.store.host_pool import HostLatentPool
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
+from sgl_ess.store.slot_space import SlotSpace
+from sgl_ess.store.step_plan import StepPlan, miss_destinations, read_locations
 from sgl_ess.store.validate import check_rows, check_topk
+
+logger = logging.getLogger(__name__)
 
 
 class LatentStore:
-    def __init__(self, cfg: StoreConfig, transfer_backend: str = "auto"):
+    def __init__(self, cfg: StoreConfig, transfer_backend: str = "auto", engine: str = "inline"):
         self.cfg = cfg
         dev = torch.device(cfg.device)
         pin = cfg.pin_host if cfg.pin_host is not None else dev.type == "cuda"
         self.device = dev
         self.host = HostLatentPool(cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes, pin=pin)
-        self.hot = DeviceHotBuffer(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request,
-                                   cfg.row_bytes, dev)
+        self.slots = SlotSpace(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, cfg.row_bytes,
+                               cfg.ring_groups, cfg.ring_slots_per_group, dev)
+        self.hot = DeviceHotBuffer(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, dev)
         self.counters = StoreCounters(cfg.num_layers, cfg.max_requests, cfg.row_bytes, dev)
         self.transfer_backend = transfer_backend
+        self.memory = StoreMemory(host=self.host.rows, slots=self.slots.rows, ring_tags=self.slots.ring_tags,
+                                  ring_base=self.slots.ring_base, host_segment=self.host.segment,
+                                  slot_segment=self.slots.segment)
+        self.engine: FetchEngine = self._make_engine(engine)
+        self._seq = 0
+        self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
+        self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
+        self._host_fence: list[Ticket] = []                # zeroing that must land before host writes
+
+    def _make_engine(self, name: str) -> FetchEngine:
+        if name == "inline":
+            return InlineEngine(self.memory, self.transfer_backend)
+        if name == "worker":
+            from sgl_ess.prefetch.client import WorkerEngine
+
+            return WorkerEngine(self.memory, self.transfer_backend)
+        raise ValueError(f"prefetch engine {name!r}: expected 'inline' or 'worker' (--ess-prefetch-engine)")
 
     # --- request lifetime ---------------------------------------------------------------
-    def open(self, row: int) -> None:
-        """Start an empty hot buffer for request row `row` (any earlier state is dropped)."""
-        self._check_row(row)
-        self.hot.reset(row)
-        self.hot.is_open[row] = True
-        self.counters.reset_request(row)
+    def open(self, req: int) -> None:
+        """Start an empty hot buffer for request `req` (any earlier state is dropped)."""
+        self._check_req(req)
+        self._reset(req)
+        self.hot.is_open[req] = True
+        self.counters.reset_request(req)
 
-    def close(self, row: int) -> None:
+    def close(self, req: int) -> None:
         """Request finished, aborted or retracted: zero and free its hot buffer."""
-        self._check_row(row)
-        if self.hot.is_open[row]:
-            self.hot.reset(row)
-            self.hot.is_open[row] = False
+        self._check_req(req)
+        if self.hot.is_open[req]:
+            self._reset(req)
+            self.hot.is_open[req] = False
+
+    def _reset(self, req: int) -> None:
+        self.engine.drain()               # no pending copy may land in a slot after it is zeroed
+        self.hot.reset(req)
+        self.slots.zero_request(req)
 
     @property
     def open_requests(self) -> int:
         return sum(self.hot.is_open)
+
+    def shutdown(self) -> None:
+        self.engine.close()
 
     # --- host rows ----------------------------------------------------------------------
     def write_host(self, layer: int, locs: torch.Tensor, rows: torch.Tensor) -> None:
@@ -64,106 +105,197 @@ class LatentStore:
         locs = locs.to(torch.int64).reshape(-1)
         if locs.numel() and (int(locs.min()) < 0 or int(locs.max()) >= self.cfg.host_capacity_tokens):
             raise IndexError(f"write_host: location out of range [0, {self.cfg.host_capacity_tokens})")
+        self.fence_host()
         src_idx = torch.arange(locs.numel(), device=rows.device)
         copy_rows(rows, src_idx, self.host.rows[layer], locs.to(rows.device), self.transfer_backend)
         self.counters.add_d2h(layer, locs.numel())
 
     def clear_host(self, locs: torch.Tensor) -> None:
-        """Zero host rows an engine is about to reuse (rows hold user data)."""
-        self.host.clear(locs)
+        """Zero host rows that were released (they hold user data): a background plan, ordered
+        after every move submitted before it; `fence_host()` orders later writes after it."""
+        locs = locs.reshape(-1).to("cpu", torch.int64)
+        if locs.numel() == 0:
+            return
+        if int(locs.min()) < 0 or int(locs.max()) >= self.cfg.host_capacity_tokens:
+            raise IndexError(f"clear_host: location out of range [0, {self.cfg.host_capacity_tokens})")
+        self._host_fence.append(self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
+                                                            tier="background", note="zero released rows")))
+
+    def fence_host(self) -> None:
+        """Before anything writes host rows: wait for pending zeroing of released rows (an engine
+        may hand a released location to a new request right away)."""
+        while self._host_fence:
+            self.engine.wait(self._host_fence.pop(0))
 
     # --- decode path -------------------------------------------------------------------
-    def warmup(self, layer: int, rows: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,
+    def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,
                req_to_host: torch.Tensor) -> int:
         """LRU warmup before the first decode step (ESS.md §3): touch the top-k sets of the
         prefill's last W query positions, oldest first, exactly as decode steps would, then
-        fetch the resulting resident rows in one transfer. A request whose context fits in N
-        loads its whole context instead (fast path: it never misses).
+        fetch the resulting resident rows in one background move (the layer's first plan waits
+        for it). A request whose context fits in N loads its whole context (fast path).
 
-        rows int64 [b], seq_lens int64 [b], topk_ids int [b, W, k] (-1 padded).
+        reqs int64 [b], seq_lens int64 [b], topk_ids int [b, W, k] (-1 padded).
         Returns the number of rows fetched (host sync: once per request, not per step)."""
         self._check_layer(layer)
-        rows = rows.to(self.device, torch.int64)
+        reqs = reqs.to(self.device, torch.int64)
         seq_lens = seq_lens.to(self.device, torch.int64)
-        self._check_batch(rows)
-        if topk_ids.dim() != 3 or topk_ids.shape[0] != rows.numel():
-            raise ValueError(f"warmup topk_ids: expected [batch={rows.numel()}, W, k], got "
+        self._check_batch(reqs)
+        if topk_ids.dim() != 3 or topk_ids.shape[0] != reqs.numel():
+            raise ValueError(f"warmup topk_ids: expected [batch={reqs.numel()}, W, k], got "
                              f"{list(topk_ids.shape)}")
         n = self.cfg.hot_slots_per_request
         ids = topk_ids.to(self.device, torch.int64)
         for w in range(ids.shape[1]):
             check_topk(ids[:, w], seq_lens, "warmup topk_ids")
-            assign(self.hot, layer, rows, seq_lens, ids[:, w])
-        s2t = self.hot.slot_to_token[layer].index_select(0, rows)
+            assign(self.hot, layer, reqs, seq_lens, ids[:, w])
+        s2t = self.hot.slot_to_token[layer].index_select(0, reqs)
         ar = torch.arange(n, device=self.device).expand_as(s2t)
         whole = (seq_lens <= n).unsqueeze(1) & (ar < seq_lens.unsqueeze(1))
         s2t = torch.where(whole, ar, s2t)          # fast path: slot = position, whole context
-        self.hot.slot_to_token[layer].index_copy_(0, rows, s2t)
+        self.hot.slot_to_token[layer].index_copy_(0, reqs, s2t)
         live = s2t >= 0
-        src = torch.where(live, req_to_host.to(self.device)[rows.unsqueeze(1), s2t.clamp(min=0)], -1)
-        dst = torch.where(live, ar + rows.unsqueeze(1) * n, -1)
-        self._fetch(layer, src.reshape(-1), dst.reshape(-1))
-        m = int(live.sum())
+        src = torch.where(live, req_to_host.to(self.device)[reqs.unsqueeze(1), s2t.clamp(min=0)], -1)
+        dst = torch.where(live, self._hot_abs(layer, reqs, ar), -1)
+        keep = live.reshape(-1)
+        plan = CopyPlan("h2s", src.reshape(-1)[keep], dst.reshape(-1)[keep], layer=layer, tier="background",
+                        note="warmup")
+        self._layer_fence.setdefault(layer, []).append(self.engine.submit(plan))
+        m = int(keep.sum())
         self.counters.add_warmup(layer, m)
         return m
 
-    def resolve(self, layer: int, rows: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
-                req_to_host: torch.Tensor, validate: bool = True) -> torch.Tensor:
-        """Make every top-k entry resident and return where it lives.
+    def plan(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
+             req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True) -> StepPlan:
+        """Resolve one layer's top-k for a (sub-)batch and submit the misses' fetch.
 
-        rows:        int64 [b]     request rows (unique, opened)
-        seq_lens:    int64 [b]     tokens in each request's context (positions < seq_len valid)
-        topk:        int32/int64 [b, k]  token positions, -1 padded
-        req_to_host: int64 [max_requests, max_context]  token position -> host location
-        returns      int32 [b, k]  row index into `self.hot.layer_rows(layer)`, -1 for padding
-        `validate=False` skips the input checks (they sync the host) on a trusted hot path.
-        """
+        reqs int64 [b] (unique, opened), seq_lens int64 [b], topk int32/int64 [b, k] token
+        positions (-1 padded), req_to_host int64 [max_requests, max_context].
+        `validate=False` skips the input checks (they sync the host) on a trusted hot path."""
         self._check_layer(layer)
-        rows = rows.to(self.device, torch.int64)
+        if not 0 <= micro_batch < self.cfg.ring_micro_batches:
+            raise ValueError(f"micro_batch={micro_batch}: expected 0..{self.cfg.ring_micro_batches - 1}")
+        reqs = reqs.to(self.device, torch.int64)
         seq_lens = seq_lens.to(self.device, torch.int64)
         if validate:
-            self._check_batch(rows)
+            self._check_batch(reqs)
             check_topk(topk, seq_lens, "resolve topk")
+        for t in self._layer_fence.pop(layer, []):
+            self.engine.wait(t)
+        group = self._ring_group(layer, micro_batch)
+        if group in self._group_fence:            # the ring group's previous commit must have landed
+            self.engine.wait(self._group_fence.pop(group))
         tokens = topk.to(self.device, torch.int64)
-        a = assign(self.hot, layer, rows, seq_lens, tokens)
+        a = assign(self.hot, layer, reqs, seq_lens, tokens)
+        self.counters.add_step(layer, reqs, a.hit, a.miss)
         n = self.cfg.hot_slots_per_request
-        r2h = req_to_host.to(self.device)
-        host_src = torch.where(a.miss, r2h[rows.unsqueeze(1), tokens.clamp(min=0)], torch.full_like(tokens, -1))
-        dst = torch.where(a.miss, a.slots + rows.unsqueeze(1) * n, torch.full_like(tokens, -1))
-        self._fetch(layer, host_src.reshape(-1), dst.reshape(-1))
-        self.counters.add_step(layer, rows, a.hit, a.miss)
-        out = torch.where(a.slots >= 0, a.slots + rows.unsqueeze(1) * n, a.slots)
-        return out.to(torch.int32)
+        hot_abs = self._hot_abs(layer, reqs, a.slots)
+        dst, to_ring = miss_destinations(a.miss, hot_abs, self.slots.ring_row(group, 0),
+                                         self.slots.ring_slots)
+        read, staged = read_locations(a.slots, hot_abs, a.miss, dst, n)
+        miss = a.miss.reshape(-1)
+        src = req_to_host.to(self.device)[reqs.unsqueeze(1), tokens.clamp(min=0)].reshape(-1)[miss]
+        dst_m = dst.reshape(-1)[miss]
+        ring_m = torch.where(to_ring.reshape(-1)[miss], dst_m, -1)
+        self._seq += 1
+        step = StepPlan(layer=layer, micro_batch=micro_batch, seq=self._seq, reqs=reqs,
+                        read_slots=read.to(torch.int32), staged=staged, hot_dst=hot_abs.reshape(-1)[miss],
+                        ring_dst=ring_m, host_src=src)
+        if miss.any():
+            step.ticket = self.engine.submit(CopyPlan("h2s", src, dst_m, layer=layer, tier="immediate",
+                                                      micro_batch=micro_batch, tag_seq=step.seq))
+        else:
+            step.landed = True
+        return step
 
-    def append(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
-               req_to_host: torch.Tensor) -> None:
-        """The step's newest latent rows: data uint8 [b, row_bytes] at token `positions` [b]
-        -> host pool (write-back) and straight into a hot slot (`admit`)."""
-        rows = rows.to(self.device, torch.int64)
+    def land(self, step: StepPlan) -> None:
+        """Wait until every row `step` fetches has landed; re-fetch inline any ring row whose tag
+        is not this plan's (a late or lost completion), so nothing stale is ever read."""
+        if step.landed:
+            return
+        if step.ticket is not None:
+            self.engine.wait(step.ticket)
+        in_ring = step.ring_dst >= 0
+        if in_ring.any():
+            tags = self.slots.ring_tags[step.ring_dst[in_ring] - self.slots.ring_base]
+            bad = tags != step.seq
+            if bad.any():
+                src = step.host_src[in_ring][bad]
+                dst = step.ring_dst[in_ring][bad]
+                logger.warning("ESS: %d staged rows of layer %d carried a stale tag; re-fetched inline",
+                               int(bad.sum()), step.layer)
+                self.counters.add_refetch(step.layer, int(bad.sum()))
+                InlineEngine(self.memory, self.transfer_backend).submit(
+                    CopyPlan("h2s", src, dst, layer=step.layer, tag_seq=step.seq))
+        step.landed = True
+
+    def commit(self, step: StepPlan) -> None:
+        """After attention read `step`: move its landed ring rows into their LRU hot slots, as a
+        background plan the next use of this ring group waits for."""
+        if step.committed:
+            return
+        self.land(step)
+        in_ring = step.ring_dst >= 0
+        if in_ring.any():
+            plan = CopyPlan("s2s", step.ring_dst[in_ring], step.hot_dst[in_ring], tier="background",
+                            micro_batch=step.micro_batch, note="commit")
+            group = self._ring_group(step.layer, step.micro_batch)
+            self._group_fence[group] = self.engine.submit(plan)
+        step.committed = True
+
+    def resolve(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
+                req_to_host: torch.Tensor, validate: bool = True) -> torch.Tensor:
+        """Make every top-k entry resident in its hot slot and return where it lives.
+
+        returns int32 [b, k]: rows of `self.slot_rows` (hot slots), -1 for padding."""
+        step = self.plan(layer, reqs, seq_lens, topk, req_to_host, validate=validate)
+        self.commit(step)
+        self.engine.drain()
+        return self._hot_rows_of(step)
+
+    def reserve(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, validate: bool = True) -> torch.Tensor:
+        """Make the newest tokens `positions` [b] the most recently used entries of their hot
+        buffers (evicting as a step would) and return their slot rows int64 [b]; the caller writes
+        the rows' bytes there (`admit` does both). Lets a step be planned before the newest latent
+        row exists: the step that selects it then hits instead of fetching it back."""
+        self._check_layer(layer)
+        reqs = reqs.to(self.device, torch.int64)
         positions = positions.to(self.device, torch.int64)
-        check_rows(data, rows.numel(), self.cfg.row_bytes, "append")
-        locs = req_to_host.to(self.device)[rows, positions]
-        self.write_host(layer, locs, data)
-        self.admit(layer, rows, positions, data)
+        if validate:
+            self._check_batch(reqs)
+        a = assign(self.hot, layer, reqs, positions + 1, positions.unsqueeze(1))
+        return self._hot_abs(layer, reqs, a.slots)[:, 0]
 
-    def admit(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
+    def admit(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
               validate: bool = True) -> None:
         """Put the newest rows (already written to the host by the engine) into hot slots as the
         most recently used entries, so the step that selects them does not fetch them back.
-        rows int64 [b] (unique, open), positions int64 [b], data uint8 [b, row_bytes].
+        reqs int64 [b] (unique, open), positions int64 [b], data uint8 [b, row_bytes].
         `validate=False` skips the batch checks (a host sync) on a trusted hot path."""
-        self._check_layer(layer)
-        rows = rows.to(self.device, torch.int64)
+        check_rows(data, reqs.numel(), self.cfg.row_bytes, "admit")
+        rows = self.reserve(layer, reqs, positions, validate)
+        self.slots.rows.index_copy_(0, rows, data.to(self.device))
+
+    def append(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
+               req_to_host: torch.Tensor) -> None:
+        """The step's newest latent rows: data uint8 [b, row_bytes] at token `positions` [b]
+        -> host pool (write-back) and straight into a hot slot (`admit`)."""
+        reqs = reqs.to(self.device, torch.int64)
         positions = positions.to(self.device, torch.int64)
-        check_rows(data, rows.numel(), self.cfg.row_bytes, "admit")
-        if validate:
-            self._check_batch(rows)
-        a = assign(self.hot, layer, rows, positions + 1, positions.unsqueeze(1))
-        n = self.cfg.hot_slots_per_request
-        self.hot.layer_rows(layer).index_copy_(0, a.slots[:, 0] + rows * n, data.to(self.device))
+        check_rows(data, reqs.numel(), self.cfg.row_bytes, "append")
+        locs = req_to_host.to(self.device)[reqs, positions]
+        self.write_host(layer, locs, data)
+        self.admit(layer, reqs, positions, data)
+
+    # --- views -----------------------------------------------------------------------------
+    @property
+    def slot_rows(self) -> torch.Tensor:
+        """uint8 [S, row_bytes]: the flat slot space every slot table indexes."""
+        return self.slots.rows
 
     def layer_rows(self, layer: int) -> torch.Tensor:
-        return self.hot.layer_rows(layer)
+        """uint8 [R*N, row_bytes]: one layer's hot slots (a view into `slot_rows`)."""
+        return self.slots.layer_rows(layer)
 
     def usage(self, host_tokens_used: int | None = None) -> dict:
         """Host and hot-buffer occupancy. An engine that hands out host locations with its own
@@ -176,31 +308,49 @@ class LatentStore:
             "hot_slots_capacity": self.cfg.num_layers * self.cfg.hot_slots_total,
             "host_bytes": self.cfg.host_bytes,
             "device_bytes": self.cfg.device_bytes,
+            "prefetch": self.engine.stats(),
         }
 
     # --- internals -----------------------------------------------------------------------
-    def _fetch(self, layer: int, host_locs: torch.Tensor, dev_slots: torch.Tensor) -> None:
-        copy_rows(self.host.rows[layer], host_locs, self.hot.layer_rows(layer), dev_slots,
-                  self.transfer_backend)
+    def _ring_group(self, layer: int, micro_batch: int) -> int:
+        return (layer % 2) * self.cfg.ring_micro_batches + micro_batch
+
+    def _hot_abs(self, layer: int, reqs: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """Absolute slot-space rows of local slots `local` [b, x] of requests `reqs` [b]."""
+        n = self.cfg.hot_slots_per_request
+        base = self.slots.hot_base(layer) + reqs.unsqueeze(1) * n
+        return torch.where(local >= 0, base + local, -1)
+
+    def _hot_rows_of(self, step: StepPlan) -> torch.Tensor:
+        """int32 [b, k]: every entry's hot-slot row after commit (misses: their LRU slot)."""
+        read = step.read_slots.to(torch.int64)
+        from_ring = step.staged & (read >= self.slots.ring_base)
+        if from_ring.any():
+            lut = torch.full((self.slots.ring_groups * self.slots.ring_slots,), -1, dtype=torch.int64,
+                             device=self.device)
+            in_ring = step.ring_dst >= 0
+            lut[step.ring_dst[in_ring] - self.slots.ring_base] = step.hot_dst[in_ring]
+            read = torch.where(from_ring, lut[(read - self.slots.ring_base).clamp(min=0)], read)
+        return read.to(torch.int32)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.cfg.num_layers:
             raise IndexError(f"layer {layer} out of range: the store has {self.cfg.num_layers} layers")
 
-    def _check_row(self, row: int) -> None:
-        if not 0 <= int(row) < self.cfg.max_requests:
-            raise KeyError(f"request row {row} out of range [0, {self.cfg.max_requests}); "
+    def _check_req(self, req: int) -> None:
+        if not 0 <= int(req) < self.cfg.max_requests:
+            raise KeyError(f"request index {req} out of range [0, {self.cfg.max_requests}); "
                            "raise --max-running-requests")
 
-    def _check_open(self, row: int) -> None:
-        self._check_row(row)
-        if not self.hot.is_open[int(row)]:
-            raise KeyError(f"request row {row} has no open hot buffer (call open() first, "
+    def _check_open(self, req: int) -> None:
+        self._check_req(req)
+        if not self.hot.is_open[int(req)]:
+            raise KeyError(f"request index {req} has no open hot buffer (call open() first, "
                            "or the request already finished)")
 
-    def _check_batch(self, rows: torch.Tensor) -> None:
-        rl = rows.tolist()
+    def _check_batch(self, reqs: torch.Tensor) -> None:
+        rl = reqs.tolist()
         for r in rl:
             self._check_open(r)
         if len(set(rl)) != len(rl):
-            raise ValueError(f"request rows repeat in one batch: {rl}")
+            raise ValueError(f"request indices repeat in one batch: {rl}")

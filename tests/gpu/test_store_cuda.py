@@ -34,7 +34,7 @@ def test_triton_zero_copy_host_to_device_and_back(row_bytes):
 def test_resolver_on_cuda_matches_oracle():
     g = torch.Generator().manual_seed(1)
     b, k, n, ctx = 8, 64, 200, 5000
-    buf = DeviceHotBuffer(1, b, n, 4, "cuda")
+    buf = DeviceHotBuffer(1, b, n, "cuda")
     rows = torch.arange(b, device="cuda")
     lens = torch.full((b,), ctx, device="cuda")
     oracles = [LruOracle(n) for _ in range(b)]

@@ -16,8 +16,8 @@ def _filled(store, table, rid, n):
 
 def _check_resolves_correctly(store, table, rid):
     topk = torch.tensor([[0, 3, 5, 7]], dtype=torch.int32)
-    slots = store.resolve(1, table.rows([rid]), table.seq_lens([rid]), topk, table.req_to_host)
-    got = store.layer_rows(1)[slots[0].long()]
+    slots = store.resolve(1, table.indices([rid]), table.seq_lens([rid]), topk, table.req_to_host)
+    got = store.slot_rows[slots[0].long()]
     want = token_rows(table.host_locs(rid)[topk[0].long()], store.cfg.row_bytes, 1)
     assert torch.equal(got, want)
 
@@ -25,7 +25,7 @@ def _check_resolves_correctly(store, table, rid):
 def test_bad_topk_inputs_then_store_still_correct():
     store, table = make_store(k=4, n=8)
     _filled(store, table, "a", 20)
-    rows, lens, r2h = table.rows(["a"]), table.seq_lens(["a"]), table.req_to_host
+    rows, lens, r2h = table.indices(["a"]), table.seq_lens(["a"]), table.req_to_host
     with pytest.raises(IndexError, match=r"selects position 20 but its context has 20 tokens.*out of sync"):
         store.resolve(0, rows, lens, torch.tensor([[1, 2, 20, 3]], dtype=torch.int32), r2h)
     with pytest.raises(IndexError, match="position -2 is negative; only -1"):
@@ -39,14 +39,14 @@ def test_bad_topk_inputs_then_store_still_correct():
     _check_resolves_correctly(store, table, "a")
 
 
-def test_unknown_request_ids_and_rows():
+def test_unknown_request_ids_and_indices():
     store, table = make_store(k=4, n=8)
     _filled(store, table, "a", 20)
     with pytest.raises(KeyError, match="request id 'zz' does not exist"):
-        table.rows(["zz"])
-    with pytest.raises(KeyError, match="request row 3 has no open hot buffer"):
+        table.indices(["zz"])
+    with pytest.raises(KeyError, match="request index 3 has no open hot buffer"):
         store.resolve(0, torch.tensor([3]), torch.tensor([20]), torch.tensor([[1, 2, 3, 4]]), table.req_to_host)
-    with pytest.raises(KeyError, match=r"request row 99 out of range \[0, 8\).*--max-running-requests"):
+    with pytest.raises(KeyError, match=r"request index 99 out of range \[0, 8\).*--max-running-requests"):
         store.open(99)
     with pytest.raises(KeyError, match="already exists"):
         table.add("a", 5)
@@ -78,7 +78,7 @@ def test_bad_rows_for_writes():
     with pytest.raises(ValueError, match=r"expected uint8 rows \[2, 16\]"):
         store.write_host(0, torch.tensor([0, 1]), torch.zeros((2, 8), dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"expected uint8 rows \[1, 16\]"):
-        store.append(0, table.rows(["a"]), torch.tensor([9]), torch.zeros((1, 16)), table.req_to_host)
+        store.append(0, table.indices(["a"]), torch.tensor([9]), torch.zeros((1, 16)), table.req_to_host)
 
 
 def test_config_errors_name_the_flag():

@@ -41,6 +41,13 @@ def test_out_of_range_locations_are_refused():
         pool.write(0, torch.tensor([0]), torch.zeros((1, 5), dtype=torch.uint8))
 
 
-def test_shared_memory_on_cpu():
-    pool = HostLatentPool(num_layers=1, capacity_tokens=2, row_bytes=4)
-    assert pool.rows.is_shared()
+def test_rows_live_in_a_shared_segment_another_mapping_sees():
+    from sgl_ess.store.shared_memory import SharedSegment
+
+    pool = HostLatentPool(num_layers=2, capacity_tokens=3, row_bytes=4)
+    other = SharedSegment.attach(pool.segment.fd, pool.segment.nbytes)   # what a worker process maps
+    view = other.tensor(torch.uint8, (2, 3, 4))
+    pool.write(1, torch.tensor([2]), torch.full((1, 4), 7, dtype=torch.uint8))
+    assert view[1, 2].tolist() == [7, 7, 7, 7]
+    view[0, 0] = 9                                                        # and the other way round
+    assert pool.read(0, torch.tensor([0])).tolist() == [[9, 9, 9, 9]]

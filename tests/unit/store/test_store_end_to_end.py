@@ -38,7 +38,7 @@ def test_store_end_to_end_matches_all_resident_reference():
         for layer in range(LAYERS):
             store.write_host(layer, table.host_locs(rid), LAY.encode(full[rid][layer][:ctx]))
     # LRU warmup from the "prefill's" last W=4 top-k sets
-    rows, lens = table.rows(ids), table.seq_lens(ids)
+    rows, lens = table.indices(ids), table.seq_lens(ids)
     for layer in range(LAYERS):
         sets = [[torch.randperm(c, generator=g)[:K] for _ in range(4)] for c in CONTEXTS]
         warm = torch.stack([torch.stack(s) for s in sets])
@@ -53,7 +53,7 @@ def test_store_end_to_end_matches_all_resident_reference():
                 table.release(rid)
                 live.remove(rid)
         pos = table.extend(live)
-        rows, lens = table.rows(live), table.seq_lens(live)
+        rows, lens = table.indices(live), table.seq_lens(live)
         q = torch.randn(len(live), 4, LAY.dim, generator=g)
         for layer in range(LAYERS):
             new = torch.stack([full[rid][layer][int(pos[i])] for i, rid in enumerate(live)])
@@ -62,7 +62,7 @@ def test_store_end_to_end_matches_all_resident_reference():
             for i, rid in enumerate(live):
                 prev[(rid, layer)] = topk[i]
             slots = store.resolve(layer, rows, lens, topk.to(torch.int32), table.req_to_host)
-            out, lse = sparse_mla_decode(q, store.layer_rows(layer), slots, LAY, SCALE)
+            out, lse = sparse_mla_decode(q, store.slot_rows, slots, LAY, SCALE)
             ref_out, ref_lse = dense_topk_reference(q, [full[r][layer] for r in live], topk, 32, SCALE)
             torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
@@ -78,4 +78,4 @@ def test_store_end_to_end_matches_all_resident_reference():
         table.release(rid)
     u = store.usage()
     assert u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0
-    assert int(store.host.rows.sum()) == 0 and int(store.hot.rows.sum()) == 0  # cleared, not just freed
+    assert int(store.host.rows.sum()) == 0 and int(store.slots.layer_rows(0).sum()) == 0 and int(store.slot_rows[:store.slots.ring_base].sum()) == 0  # cleared, not just freed

@@ -21,13 +21,13 @@ def test_warm_state_equals_oracle_replay_and_rows_are_fetched():
     g = torch.Generator().manual_seed(0)
     traces = [[t for _, t in locality_trace(g, 500, 16, 8, 0.6, grow=False)] for _ in ids]
     warm = torch.stack([torch.stack(t) for t in traces])              # [b, W=8, k]
-    fetched = store.warmup(0, table.rows(ids), table.seq_lens(ids), warm, table.req_to_host)
+    fetched = store.warmup(0, table.indices(ids), table.seq_lens(ids), warm, table.req_to_host)
     total = 0
     for i, rid in enumerate(ids):
         o = LruOracle(48)
         for t in traces[i]:
             o.access(t.tolist())
-        row = table.row(rid)
+        row = table.index(rid)
         s2t = store.hot.slot_to_token[0, row]
         assert set(s2t[s2t >= 0].tolist()) == o.resident()
         st = store.hot.stamps[0, row]
@@ -50,9 +50,9 @@ def test_warmup_cuts_first_step_misses():
         traces = [[t for _, t in locality_trace(gg, 500, 16, 9, 0.8, grow=False)] for _ in ids]
         if warm_on:
             warm = torch.stack([torch.stack(t[:8]) for t in traces])
-            store.warmup(0, table.rows(ids), table.seq_lens(ids), warm, table.req_to_host)
+            store.warmup(0, table.indices(ids), table.seq_lens(ids), warm, table.req_to_host)
         first = torch.stack([t[8] for t in traces]).to(torch.int32)
-        store.resolve(0, table.rows(ids), table.seq_lens(ids), first, table.req_to_host)
+        store.resolve(0, table.indices(ids), table.seq_lens(ids), first, table.req_to_host)
         misses[warm_on] = sum(store.counters.snapshot()["layer_misses"])
     assert misses[False] == 2 * 16                 # cold: every entry misses
     assert misses[True] <= 2 * 16 * 0.3            # warm: only what the trace changed
@@ -60,10 +60,10 @@ def test_warmup_cuts_first_step_misses():
 
 def test_fast_path_request_loads_whole_context_and_never_misses():
     store, table, ids = _setup(n=64, ctx=60, reqs=2)
-    store.warmup(0, table.rows(ids), table.seq_lens(ids), torch.full((2, 1, 16), -1), table.req_to_host)
+    store.warmup(0, table.indices(ids), table.seq_lens(ids), torch.full((2, 1, 16), -1), table.req_to_host)
     g = torch.Generator().manual_seed(2)
     for _ in range(5):
         topk = torch.stack([torch.randperm(60, generator=g)[:16] for _ in ids]).to(torch.int32)
-        slots = store.resolve(0, table.rows(ids), table.seq_lens(ids), topk, table.req_to_host)
-        assert torch.equal(slots.long(), topk.long() + table.rows(ids).unsqueeze(1) * 64)
+        slots = store.resolve(0, table.indices(ids), table.seq_lens(ids), topk, table.req_to_host)
+        assert torch.equal(slots.long(), topk.long() + table.indices(ids).unsqueeze(1) * 64)
     assert sum(store.counters.snapshot()["layer_misses"]) == 0

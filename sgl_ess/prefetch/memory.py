@@ -1,0 +1,65 @@
+"""StoreMemory: the tensors a fetch engine moves rows between, and how a worker maps them.
+
+Owned by the store (sgl_ess.store.LatentStore); engines only borrow them.
+  host       uint8 [L, T, B]   HostLatentPool.rows
+  slots      uint8 [S, B]      SlotSpace.rows
+  ring_tags  int64 [G*C]       SlotSpace.ring_tags
+  ring_base  int               first ring row in `slots`
+
+`layout()` describes the shared-memory segments behind them (fd, size, offsets) as plain JSON
+types, so a worker process can `attach()` the same memory: nothing but this description and
+small control messages ever crosses a socket.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # imported in attach(): sgl_ess.store imports sgl_ess.prefetch (no import cycle)
+    from sgl_ess.store.shared_memory import SharedSegment
+
+
+@dataclass
+class StoreMemory:
+    host: torch.Tensor
+    slots: torch.Tensor
+    ring_tags: torch.Tensor
+    ring_base: int
+    host_segment: SharedSegment | None = None
+    slot_segment: SharedSegment | None = None
+
+    @property
+    def shareable(self) -> bool:
+        """True when a worker process can map all of it (both segments exist, CPU placement)."""
+        return self.host_segment is not None and self.slot_segment is not None
+
+    def fds(self) -> list[int]:
+        return [self.host_segment.fd, self.slot_segment.fd] if self.shareable else []
+
+    def layout(self) -> dict:
+        """JSON-able description for `attach` in another process (same fd numbers there)."""
+        if not self.shareable:
+            raise RuntimeError("StoreMemory.layout: this memory is not in shared segments "
+                               "(CUDA placement): use the inline engine, or --ess-prefetch-engine inline")
+        L, T, B = self.host.shape
+        S = self.slots.shape[0]
+        return {
+            "host": {"fd": self.host_segment.fd, "nbytes": self.host_segment.nbytes, "shape": [L, T, B]},
+            "slots": {"fd": self.slot_segment.fd, "nbytes": self.slot_segment.nbytes, "shape": [S, B],
+                      "tags_offset": S * B, "tags_len": int(self.ring_tags.numel())},
+            "ring_base": self.ring_base,
+        }
+
+    @classmethod
+    def attach(cls, layout: dict) -> "StoreMemory":
+        from sgl_ess.store.shared_memory import SharedSegment
+
+        h, s = layout["host"], layout["slots"]
+        hseg = SharedSegment.attach(h["fd"], h["nbytes"], "sgl_ess_host")
+        sseg = SharedSegment.attach(s["fd"], s["nbytes"], "sgl_ess_slots")
+        return cls(host=hseg.tensor(torch.uint8, tuple(h["shape"])),
+                   slots=sseg.tensor(torch.uint8, tuple(s["shape"])),
+                   ring_tags=sseg.tensor(torch.int64, (s["tags_len"],), offset_bytes=s["tags_offset"]),
+                   ring_base=layout["ring_base"], host_segment=hseg, slot_segment=sseg)

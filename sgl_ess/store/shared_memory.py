@@ -1,0 +1,67 @@
+"""SharedSegment: anonymous shared memory (Linux memfd) that a prefetch worker process maps too.
+
+Memory: one `memfd_create` file of `nbytes`, mapped MAP_SHARED in this process. It has no name
+in /dev/shm, so nothing can outlive the processes that hold its file descriptor: when the
+scheduler and its worker exit (normally, on SIGTERM or SIGKILL) the kernel frees it. Pages are
+zero when first touched (user data never leaks in from an earlier owner).
+
+Sharing: pass `segment.fd` to a child (`subprocess.Popen(pass_fds=[fd])`, or SCM_RIGHTS) and
+call `SharedSegment.attach(fd, nbytes)` there. Tensors from `tensor()` alias the mapping, so the
+segment must live as long as they do (it keeps itself alive through them, see `tensor`).
+
+On CUDA the owner page-locks the mapping with cudaHostRegister (sgl_ess.kernels.uva) so GPU
+kernels read and write it zero-copy; this module itself is device-agnostic.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import torch
+
+
+class SharedSegment:
+    def __init__(self, nbytes: int, *, label: str = "sgl_ess", fd: int | None = None):
+        if nbytes <= 0:
+            raise ValueError(f"SharedSegment: nbytes={nbytes}; expected > 0")
+        self.nbytes = int(nbytes)
+        self.label = label
+        self.owner = fd is None
+        if fd is None:
+            fd = os.memfd_create(label, os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, self.nbytes)
+            except OSError:
+                os.close(fd)
+                raise
+        self.fd = fd
+        self._map = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED,
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+    @classmethod
+    def attach(cls, fd: int, nbytes: int, label: str = "sgl_ess") -> "SharedSegment":
+        """Map a segment whose fd this process inherited (a worker)."""
+        return cls(nbytes, label=label, fd=fd)
+
+    def tensor(self, dtype: torch.dtype, shape: tuple[int, ...], offset_bytes: int = 0) -> torch.Tensor:
+        """A CPU tensor of `shape` aliasing bytes [offset, offset + size) of the segment."""
+        count = 1
+        for s in shape:
+            count *= int(s)
+        size = count * torch.empty((), dtype=dtype).element_size()
+        if offset_bytes < 0 or offset_bytes + size > self.nbytes:
+            raise ValueError(f"SharedSegment.tensor: bytes [{offset_bytes}, {offset_bytes + size}) outside "
+                             f"the {self.nbytes}-byte segment {self.label!r}")
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        t = torch.frombuffer(self._map, dtype=dtype, count=count, offset=offset_bytes).view(*shape)
+        return t
+
+    def data_ptr(self) -> int:
+        """Address of the mapping in this process (for cudaHostRegister)."""
+        import ctypes
+
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+
+    def __repr__(self) -> str:
+        return f"SharedSegment({self.label!r}, {self.nbytes} B, fd={self.fd})"

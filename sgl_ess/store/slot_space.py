@@ -1,0 +1,84 @@
+"""SlotSpace: the device memory of the ESS store, one flat row space that attention indexes.
+
+Memory (allocated once, owned here): `rows uint8 [total_slots, row_bytes]` holding
+  hot buffers    layer l, request r, slot s   -> row  l*R*N + r*N + s
+  staging rings  ring group g, ring slot i    -> row  L*R*N + g*C + i
+  padding        up to a multiple of 64 rows (FlashMLA views the cache as 64-row pages)
+and `ring_tags int64 [G*C]`, the sequence number of the fetch that last landed in each ring slot
+(-1: none). A reader accepts a ring row only when its tag equals its own plan's sequence number,
+so a late or duplicated completion can never pass for another step's data.
+
+One flat space (instead of a tensor per layer plus separate rings) lets a single slot table
+address both a layer's hot slots and the ring rows its misses landed in: SGLang's sparse MLA
+kernels take one `kv_cache` and one int32 index table.
+
+Placement: on CPU, `rows` and `ring_tags` live in a SharedSegment so the prefetch worker process
+writes fetched rows straight into them; on CUDA they are device tensors (the device layer moves
+rows with FlashTrans kernels on a side stream).
+"""
+from __future__ import annotations
+
+import torch
+
+from sgl_ess.store.shared_memory import SharedSegment
+
+PAGE_ROWS = 64
+
+
+class SlotSpace:
+    def __init__(self, num_layers: int, max_requests: int, slots_per_request: int, row_bytes: int,
+                 ring_groups: int, ring_slots: int, device: torch.device | str):
+        self.num_layers = num_layers
+        self.max_requests = max_requests
+        self.slots_per_request = slots_per_request
+        self.row_bytes = row_bytes
+        self.ring_groups = ring_groups
+        self.ring_slots = ring_slots
+        self.device = torch.device(device)
+        self.hot_rows_per_layer = max_requests * slots_per_request
+        self.ring_base = num_layers * self.hot_rows_per_layer
+        used = self.ring_base + ring_groups * ring_slots
+        self.total_slots = -(-used // PAGE_ROWS) * PAGE_ROWS
+        if self.total_slots >= 2 ** 31:
+            raise ValueError(
+                f"slot space of {self.total_slots} rows exceeds int32 slot ids (layers x requests x hot slots "
+                "+ ring); lower --ess-hot-slots-per-request or --max-running-requests")
+        self.segment: SharedSegment | None = None
+        if self.device.type == "cpu":
+            tag_bytes = 8 * max(1, ring_groups * ring_slots)
+            self.segment = SharedSegment(self.total_slots * row_bytes + tag_bytes, label="sgl_ess_slots")
+            self.rows = self.segment.tensor(torch.uint8, (self.total_slots, row_bytes))
+            self.ring_tags = self.segment.tensor(torch.int64, (ring_groups * ring_slots,),
+                                                 offset_bytes=self.total_slots * row_bytes)
+        else:
+            self.rows = torch.zeros((self.total_slots, row_bytes), dtype=torch.uint8, device=self.device)
+            self.ring_tags = torch.empty((ring_groups * ring_slots,), dtype=torch.int64, device=self.device)
+        self.ring_tags.fill_(-1)
+
+    # --- addressing ---------------------------------------------------------------------
+    def hot_base(self, layer: int) -> int:
+        """First row of `layer`'s hot buffers."""
+        return layer * self.hot_rows_per_layer
+
+    def ring_row(self, group: int, ring_slot) -> int:
+        return self.ring_base + group * self.ring_slots + ring_slot
+
+    def layer_rows(self, layer: int) -> torch.Tensor:
+        """uint8 [R*N, row_bytes]: the hot slots of one layer (a view)."""
+        b = self.hot_base(layer)
+        return self.rows[b:b + self.hot_rows_per_layer]
+
+    def ring_group_rows(self, group: int) -> torch.Tensor:
+        b = self.ring_row(group, 0)
+        return self.rows[b:b + self.ring_slots]
+
+    # --- lifetime ------------------------------------------------------------------------
+    def zero_request(self, req: int) -> None:
+        """Zero request `req`'s hot slots in every layer (they hold user data)."""
+        n = self.slots_per_request
+        view = self.rows[:self.ring_base].view(self.num_layers, self.max_requests, n, self.row_bytes)
+        view[:, req] = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.total_slots * self.row_bytes

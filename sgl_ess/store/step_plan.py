@@ -1,0 +1,84 @@
+"""StepPlan: one layer's decode-step resolution for a (sub-)batch, and how it is built.
+
+Built by `LatentStore.plan` after the indexer picked each request's top-k:
+  1. the exact-LRU resolver assigns every entry a hot slot (hits keep theirs, misses evict);
+  2. each miss is fetched host -> staging ring (ring group of this layer and micro-batch) with a
+     fresh sequence number; misses past the ring's capacity go straight to their hot slot
+     (back-pressure by inline placement, never an overwrite of another plan's ring rows);
+  3. attention reads every entry where it will be: hits from the hot buffer, misses from their
+     ring row (or hot slot); `staged` marks the entries that must wait for the fetch;
+  4. after attention, `commit` moves landed ring rows into their LRU hot slots, off the critical
+     path (a background plan), so the next step finds them resident.
+
+All tensors live on the store's device; nothing here syncs with the host except the miss count
+a worker engine needs to address its runs (CPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_ess.prefetch.engine import Ticket
+
+
+@dataclass
+class StepPlan:
+    """layer, micro_batch: what was resolved; seq: the fetch's ring-tag sequence number.
+
+    reqs        int64 [b]     request indices
+    read_slots  int32 [b, k]  row of each entry in SlotSpace.rows (-1: padding)
+    staged      bool  [b, k]  entry is read from a row this plan fetches (wait before reading)
+    hot_dst     int64 [M]     hot-slot rows of the misses (for commit)
+    ring_dst    int64 [M]     ring rows of the misses, -1 where the miss went straight to hot
+    host_src    int64 [M]     host locations of the misses (inline re-fetch on a bad tag)
+    ticket      the engine's handle for the fetch (None when nothing had to move)
+    """
+
+    layer: int
+    micro_batch: int
+    seq: int
+    reqs: torch.Tensor
+    read_slots: torch.Tensor
+    staged: torch.Tensor
+    hot_dst: torch.Tensor
+    ring_dst: torch.Tensor
+    host_src: torch.Tensor
+    ticket: Ticket | None = None
+    landed: bool = False
+    committed: bool = False
+
+    @property
+    def num_fetched(self) -> int:
+        return int(self.hot_dst.numel())
+
+
+def miss_destinations(miss: torch.Tensor, hot_abs: torch.Tensor, ring_first_row: int,
+                      ring_capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each miss lands. miss bool [b, k], hot_abs int64 [b, k] (absolute hot-slot rows).
+
+    Returns (dst int64 [b, k]: ring row for the first `ring_capacity` misses in batch order, else
+    the hot slot, -1 for non-misses; ring bool [b, k]: the miss landed in the ring)."""
+    flat = miss.reshape(-1)
+    rank = torch.cumsum(flat.to(torch.int64), 0) - 1
+    ring = flat & (rank < ring_capacity)
+    dst = torch.where(ring, ring_first_row + rank, torch.where(flat, hot_abs.reshape(-1), -1))
+    return dst.view_as(hot_abs), ring.view_as(miss)
+
+
+def read_locations(slots: torch.Tensor, hot_abs: torch.Tensor, miss: torch.Tensor,
+                   miss_dst: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per entry: the row attention reads, and whether it waits for the fetch.
+
+    slots int64 [b, k] local LRU slot (-1 padding); a duplicate entry shares its first
+    occurrence's slot, so the redirect is keyed by slot: a slot filled by a miss this step is
+    read from that miss's destination."""
+    b = slots.shape[0]
+    redirect = torch.full((b, n_slots + 1), -1, dtype=torch.int64, device=slots.device)
+    key = torch.where(miss, slots, n_slots)
+    redirect.scatter_(1, key, torch.where(miss, miss_dst, -1))
+    via = redirect.gather(1, torch.where(slots >= 0, slots, n_slots))
+    staged = via >= 0
+    read = torch.where(staged, via, hot_abs)
+    read = torch.where(slots >= 0, read, -1)
+    return read, staged

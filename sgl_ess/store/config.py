@@ -33,6 +33,7 @@ class StoreConfig:
     ring_slots:            staging-ring rows per ring group (0: max_requests x topk / 8, >= topk)
     ring_micro_batches:    sub-batches of one layer that may be in flight at once (DBA halves x
                            Two-Batch-Overlap micro-batches); each gets its own ring group
+    spec_slots:            rows per layer parity for speculative prefetch (0 = the tier is off)
     """
 
     num_layers: int
@@ -47,6 +48,7 @@ class StoreConfig:
     warmup_window: int = 32
     ring_slots: int = 0
     ring_micro_batches: int = 4
+    spec_slots: int = 0
 
     def __post_init__(self) -> None:
         _positive("num_layers", self.num_layers, "the model config (num_hidden_layers)")
@@ -60,7 +62,7 @@ class StoreConfig:
             raise StoreConfigError(
                 f"warmup_window={self.warmup_window}: expected >= 0 (0 disables LRU warmup); "
                 "set --ess-warmup-queries")
-        if self.ring_slots < 0 or self.ring_micro_batches < 1:
+        if self.ring_slots < 0 or self.ring_micro_batches < 1 or self.spec_slots < 0:
             raise StoreConfigError(
                 f"ring_slots={self.ring_slots}, ring_micro_batches={self.ring_micro_batches}: expected "
                 "ring_slots >= 0 (0 = derive) and ring_micro_batches >= 1; set --ess-ring-slots")
@@ -95,7 +97,7 @@ class StoreConfig:
     @property
     def device_bytes(self) -> int:
         """Hot buffers + staging rings (the latent bytes ESS keeps on the device)."""
-        ring = self.ring_groups * self.ring_slots_per_group
+        ring = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
         return (self.num_layers * self.hot_slots_total + ring) * self.row_bytes
 
 

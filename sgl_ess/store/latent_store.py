@@ -34,6 +34,8 @@ from sgl_ess.store.host_pool import HostLatentPool
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
 from sgl_ess.store.slot_space import SlotSpace
+from sgl_ess.prefetch.predictors import make_predictor
+from sgl_ess.store.speculative import SpeculativeStager
 from sgl_ess.store.step_plan import StepPlan, miss_destinations, read_locations
 from sgl_ess.store.validate import check_rows, check_topk
 
@@ -41,14 +43,15 @@ logger = logging.getLogger(__name__)
 
 
 class LatentStore:
-    def __init__(self, cfg: StoreConfig, transfer_backend: str = "auto", engine: str = "inline"):
+    def __init__(self, cfg: StoreConfig, transfer_backend: str = "auto", engine: str = "inline",
+                 speculative: str = "off"):
         self.cfg = cfg
         dev = torch.device(cfg.device)
         pin = cfg.pin_host if cfg.pin_host is not None else dev.type == "cuda"
         self.device = dev
         self.host = HostLatentPool(cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes, pin=pin)
         self.slots = SlotSpace(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, cfg.row_bytes,
-                               cfg.ring_groups, cfg.ring_slots_per_group, dev)
+                               cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots)
         self.hot = DeviceHotBuffer(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, dev)
         self.counters = StoreCounters(cfg.num_layers, cfg.max_requests, cfg.row_bytes, dev)
         self.transfer_backend = transfer_backend
@@ -56,6 +59,11 @@ class LatentStore:
                                   ring_base=self.slots.ring_base, host_segment=self.host.segment,
                                   slot_segment=self.slots.segment)
         self.engine: FetchEngine = self._make_engine(engine)
+        predictor = make_predictor(speculative)
+        if predictor is not None and cfg.spec_slots <= 0:
+            raise ValueError(f"speculative prefetch {speculative!r} needs speculative rows: set spec_slots > 0 "
+                             "(--ess-spec-slots)")
+        self.spec = SpeculativeStager(self, predictor) if predictor is not None else None
         self._seq = 0
         self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
@@ -190,23 +198,35 @@ class LatentStore:
         self.counters.add_step(layer, reqs, a.hit, a.miss)
         n = self.cfg.hot_slots_per_request
         hot_abs = self._hot_abs(layer, reqs, a.slots)
-        dst, to_ring = miss_destinations(a.miss, hot_abs, self.slots.ring_row(group, 0),
-                                         self.slots.ring_slots)
-        read, staged = read_locations(a.slots, hot_abs, a.miss, dst, n)
+        spec = self.spec.claim(layer, reqs, tokens, a.miss) if self.spec is not None else None
+        fetch = a.miss if spec is None else a.miss & (spec < 0)
+        dst, to_ring = miss_destinations(fetch, hot_abs, self.slots.ring_row(group, 0), self.slots.ring_slots)
+        if spec is not None:                       # staged speculatively and landed: read in place
+            dst = torch.where(spec >= 0, spec, dst)
+            to_ring = to_ring | (spec >= 0)
+        read, staged = read_locations(a.slots, hot_abs, a.miss, dst, fetch, n)
         miss = a.miss.reshape(-1)
-        src = req_to_host.to(self.device)[reqs.unsqueeze(1), tokens.clamp(min=0)].reshape(-1)[miss]
+        fetch_f = fetch.reshape(-1)
+        src_all = req_to_host.to(self.device)[reqs.unsqueeze(1), tokens.clamp(min=0)].reshape(-1)
         dst_m = dst.reshape(-1)[miss]
         ring_m = torch.where(to_ring.reshape(-1)[miss], dst_m, -1)
-        self._seq += 1
-        step = StepPlan(layer=layer, micro_batch=micro_batch, seq=self._seq, reqs=reqs,
+        seq = self.next_seq()
+        step = StepPlan(layer=layer, micro_batch=micro_batch, seq=seq, reqs=reqs,
                         read_slots=read.to(torch.int32), staged=staged, hot_dst=hot_abs.reshape(-1)[miss],
-                        ring_dst=ring_m, host_src=src)
-        if miss.any():
-            step.ticket = self.engine.submit(CopyPlan("h2s", src, dst_m, layer=layer, tier="immediate",
-                                                      micro_batch=micro_batch, tag_seq=step.seq))
+                        ring_dst=torch.where(fetch_f[miss], ring_m, -1), host_src=src_all[miss],
+                        spec_dst=torch.where(fetch_f[miss], -1, ring_m))
+        if fetch_f.any():
+            step.ticket = self.engine.submit(CopyPlan("h2s", src_all[fetch_f], dst.reshape(-1)[fetch_f], layer=layer,
+                                                      tier="immediate", micro_batch=micro_batch, tag_seq=seq))
         else:
             step.landed = True
+        if self.spec is not None:
+            self.spec.after_plan(layer, reqs, seq_lens, tokens, req_to_host)
         return step
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def land(self, step: StepPlan) -> None:
         """Wait until every row `step` fetches has landed; re-fetch inline any ring row whose tag
@@ -235,12 +255,15 @@ class LatentStore:
         if step.committed:
             return
         self.land(step)
-        in_ring = step.ring_dst >= 0
-        if in_ring.any():
-            plan = CopyPlan("s2s", step.ring_dst[in_ring], step.hot_dst[in_ring], tier="background",
+        src = torch.where(step.ring_dst >= 0, step.ring_dst, step.spec_dst)
+        moved = src >= 0
+        if moved.any():
+            plan = CopyPlan("s2s", src[moved], step.hot_dst[moved], tier="background",
                             micro_batch=step.micro_batch, note="commit")
-            group = self._ring_group(step.layer, step.micro_batch)
-            self._group_fence[group] = self.engine.submit(plan)
+            ticket = self.engine.submit(plan)
+            self._group_fence[self._ring_group(step.layer, step.micro_batch)] = ticket
+            if self.spec is not None and bool((step.spec_dst >= 0).any()):
+                self.spec.note_commit(step.layer, ticket)
         step.committed = True
 
     def resolve(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
@@ -308,7 +331,8 @@ class LatentStore:
             "hot_slots_capacity": self.cfg.num_layers * self.cfg.hot_slots_total,
             "host_bytes": self.cfg.host_bytes,
             "device_bytes": self.cfg.device_bytes,
-            "prefetch": self.engine.stats(),
+            "prefetch": {**self.engine.stats(),
+                         "speculative": self.spec.stats() if self.spec is not None else None},
         }
 
     # --- internals -----------------------------------------------------------------------

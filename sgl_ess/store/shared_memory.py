@@ -35,8 +35,9 @@ class SharedSegment:
                 os.close(fd)
                 raise
         self.fd = fd
-        self._map = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED,
-                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        # MAP_POPULATE: fault every page in now (start-up), not on the first step that touches it
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._map = mmap.mmap(fd, self.nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
     @classmethod
     def attach(cls, fd: int, nbytes: int, label: str = "sgl_ess") -> "SharedSegment":

@@ -3,9 +3,11 @@
 Memory (allocated once, owned here): `rows uint8 [total_slots, row_bytes]` holding
   hot buffers    layer l, request r, slot s   -> row  l*R*N + r*N + s
   staging rings  ring group g, ring slot i    -> row  L*R*N + g*C + i
+  speculative    parity p, slot i             -> row  L*R*N + G*C + p*C_spec + i  (rows staged
+                 for a layer before it asks: the speculative prefetch tier)
   padding        up to a multiple of 64 rows (FlashMLA views the cache as 64-row pages)
-and `ring_tags int64 [G*C]`, the sequence number of the fetch that last landed in each ring slot
-(-1: none). A reader accepts a ring row only when its tag equals its own plan's sequence number,
+and `ring_tags int64 [G*C + 2*C_spec]`, indexed by row - ring_base: the sequence number of the
+fetch that last landed in each ring or speculative slot (-1: none). A reader accepts a ring row only when its tag equals its own plan's sequence number,
 so a late or duplicated completion can never pass for another step's data.
 
 One flat space (instead of a tensor per layer plus separate rings) lets a single slot table
@@ -27,17 +29,19 @@ PAGE_ROWS = 64
 
 class SlotSpace:
     def __init__(self, num_layers: int, max_requests: int, slots_per_request: int, row_bytes: int,
-                 ring_groups: int, ring_slots: int, device: torch.device | str):
+                 ring_groups: int, ring_slots: int, device: torch.device | str, spec_slots: int = 0):
         self.num_layers = num_layers
         self.max_requests = max_requests
         self.slots_per_request = slots_per_request
         self.row_bytes = row_bytes
         self.ring_groups = ring_groups
         self.ring_slots = ring_slots
+        self.spec_slots = spec_slots
         self.device = torch.device(device)
         self.hot_rows_per_layer = max_requests * slots_per_request
         self.ring_base = num_layers * self.hot_rows_per_layer
-        used = self.ring_base + ring_groups * ring_slots
+        self.spec_base = self.ring_base + ring_groups * ring_slots
+        used = self.spec_base + 2 * spec_slots
         self.total_slots = -(-used // PAGE_ROWS) * PAGE_ROWS
         if self.total_slots >= 2 ** 31:
             raise ValueError(
@@ -45,14 +49,14 @@ class SlotSpace:
                 "+ ring); lower --ess-hot-slots-per-request or --max-running-requests")
         self.segment: SharedSegment | None = None
         if self.device.type == "cpu":
-            tag_bytes = 8 * max(1, ring_groups * ring_slots)
+            tag_bytes = 8 * max(1, used - self.ring_base)
             self.segment = SharedSegment(self.total_slots * row_bytes + tag_bytes, label="sgl_ess_slots")
             self.rows = self.segment.tensor(torch.uint8, (self.total_slots, row_bytes))
-            self.ring_tags = self.segment.tensor(torch.int64, (ring_groups * ring_slots,),
+            self.ring_tags = self.segment.tensor(torch.int64, (used - self.ring_base,),
                                                  offset_bytes=self.total_slots * row_bytes)
         else:
             self.rows = torch.zeros((self.total_slots, row_bytes), dtype=torch.uint8, device=self.device)
-            self.ring_tags = torch.empty((ring_groups * ring_slots,), dtype=torch.int64, device=self.device)
+            self.ring_tags = torch.empty((used - self.ring_base,), dtype=torch.int64, device=self.device)
         self.ring_tags.fill_(-1)
 
     # --- addressing ---------------------------------------------------------------------
@@ -62,6 +66,9 @@ class SlotSpace:
 
     def ring_row(self, group: int, ring_slot) -> int:
         return self.ring_base + group * self.ring_slots + ring_slot
+
+    def spec_row(self, parity: int, spec_slot) -> int:
+        return self.spec_base + parity * self.spec_slots + spec_slot
 
     def layer_rows(self, layer: int) -> torch.Tensor:
         """uint8 [R*N, row_bytes]: the hot slots of one layer (a view)."""

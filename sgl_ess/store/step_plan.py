@@ -30,7 +30,9 @@ class StepPlan:
     read_slots  int32 [b, k]  row of each entry in SlotSpace.rows (-1: padding)
     staged      bool  [b, k]  entry is read from a row this plan fetches (wait before reading)
     hot_dst     int64 [M]     hot-slot rows of the misses (for commit)
-    ring_dst    int64 [M]     ring rows of the misses, -1 where the miss went straight to hot
+    ring_dst    int64 [M]     ring rows the misses are fetched into, -1 where a miss went straight
+                              to its hot slot or was staged speculatively
+    spec_dst    int64 [M]     speculative rows that already held a miss, -1 elsewhere
     host_src    int64 [M]     host locations of the misses (inline re-fetch on a bad tag)
     ticket      the engine's handle for the fetch (None when nothing had to move)
     """
@@ -44,6 +46,7 @@ class StepPlan:
     hot_dst: torch.Tensor
     ring_dst: torch.Tensor
     host_src: torch.Tensor
+    spec_dst: torch.Tensor
     ticket: Ticket | None = None
     landed: bool = False
     committed: bool = False
@@ -67,18 +70,21 @@ def miss_destinations(miss: torch.Tensor, hot_abs: torch.Tensor, ring_first_row:
 
 
 def read_locations(slots: torch.Tensor, hot_abs: torch.Tensor, miss: torch.Tensor,
-                   miss_dst: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   miss_dst: torch.Tensor, miss_waits: torch.Tensor, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per entry: the row attention reads, and whether it waits for the fetch.
 
-    slots int64 [b, k] local LRU slot (-1 padding); a duplicate entry shares its first
-    occurrence's slot, so the redirect is keyed by slot: a slot filled by a miss this step is
-    read from that miss's destination."""
+    slots int64 [b, k] local LRU slot (-1 padding); miss_dst int64 [b, k] where each miss is
+    read from; miss_waits bool [b, k] that row is still being fetched (False: already landed,
+    e.g. staged speculatively). A duplicate entry shares its first occurrence's slot, so the
+    redirect is keyed by slot: a slot filled by a miss this step is read from that miss's row."""
     b = slots.shape[0]
-    redirect = torch.full((b, n_slots + 1), -1, dtype=torch.int64, device=slots.device)
     key = torch.where(miss, slots, n_slots)
+    redirect = torch.full((b, n_slots + 1), -1, dtype=torch.int64, device=slots.device)
     redirect.scatter_(1, key, torch.where(miss, miss_dst, -1))
-    via = redirect.gather(1, torch.where(slots >= 0, slots, n_slots))
-    staged = via >= 0
-    read = torch.where(staged, via, hot_abs)
+    waits = torch.zeros((b, n_slots + 1), dtype=torch.bool, device=slots.device)
+    waits.scatter_(1, key, miss & miss_waits)
+    lookup = torch.where(slots >= 0, slots, n_slots)
+    via = redirect.gather(1, lookup)
+    read = torch.where(via >= 0, via, hot_abs)
     read = torch.where(slots >= 0, read, -1)
-    return read, staged
+    return read, waits.gather(1, lookup)

@@ -7,11 +7,11 @@ from sgl_ess.store import LatentStore, RequestTable, StoreConfig
 
 
 def make_store(*, layers=2, row_bytes=16, host_tokens=20000, n=64, max_requests=8, k=16,
-               max_context=8192, **kw):
+               max_context=8192, engine="inline", speculative="off", **kw):
     cfg = StoreConfig(num_layers=layers, row_bytes=row_bytes, host_capacity_tokens=host_tokens,
                       hot_slots_per_request=n, max_requests=max_requests, topk=k,
                       max_context_tokens=max_context, **kw)
-    store = LatentStore(cfg, transfer_backend="torch")
+    store = LatentStore(cfg, transfer_backend="torch", engine=engine, speculative=speculative)
     return store, RequestTable(store)
 
 

@@ -19,13 +19,12 @@ def _attend(q, rows, slots):
     return sparse_mla_decode(q, rows, slots, LAY, SCALE)
 
 
-def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0):
+def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, speculative="off", cross_layer=0.0,
+         corrupt_spec=False):
     g = torch.Generator().manual_seed(seed)
     store, table = make_store(layers=LAYERS, row_bytes=LAY.row_bytes, host_tokens=sum(CONTEXTS) + 8 * STEPS,
-                              n=N, max_requests=8, k=K, max_context=1024, ring_slots=ring_slots)
-    if engine != "inline":
-        store.engine.close()
-        store.engine = store._make_engine(engine)
+                              n=N, max_requests=8, k=K, max_context=1024, ring_slots=ring_slots,
+                              spec_slots=64 if speculative != "off" else 0, engine=engine, speculative=speculative)
     ids = [f"r{i}" for i in range(len(CONTEXTS))]
     full = {}
     for rid, ctx in zip(ids, CONTEXTS):
@@ -44,8 +43,17 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0):
             store.append(layer, reqs, pos, LAY.encode(new), table.req_to_host)
             topk = torch.stack([torch.cat([pos[i:i + 1], torch.randperm(int(lens[i]) - 1, generator=g)[:K - 1]])
                                 for i in range(len(ids))])
+            if layer > 0 and cross_layer:      # a share of the previous layer's selection repeats
+                keep = torch.rand(topk.shape, generator=g) < cross_layer
+                topk = torch.where(keep, prev_topk, topk)
+                topk = torch.stack([_dedup(t, int(lens[i]), g) for i, t in enumerate(topk)])
+            prev_topk = topk
             steps = plan_layer(store, mode, layer, reqs, lens, topk, table.req_to_host)
             staged_total += sum(int(s.staged.sum()) for s in steps)
+            if corrupt_spec:                      # the speculative staging never landed
+                store.engine.drain()
+                for _, rows, _ in store.spec.pending.values():
+                    store.slots.ring_tags[rows - store.slots.ring_base] = -7
             if corrupt_tags and step == 3:
                 for s in steps:          # a late completion of another plan overwrote the tags
                     s_ring = s.ring_dst[s.ring_dst >= 0]
@@ -55,6 +63,7 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0):
             ref, _ = dense_topk_reference(q, [full[r][layer] for r in ids], topk, 32, SCALE)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     snap = store.counters.snapshot()
+    snap["prefetch"] = store.usage()["prefetch"]
     for rid in ids:
         table.release(rid)
     store.engine.drain()
@@ -63,6 +72,17 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0):
     assert int(store.slot_rows[:store.slots.ring_base].sum()) == 0
     store.shutdown()
     return snap, events, staged_total
+
+
+def _dedup(t, seq_len, g):
+    """Replace repeated positions with fresh ones (a top-k set has distinct entries)."""
+    seen, out = set(), []
+    for v in t.tolist():
+        while v in seen:
+            v = int(torch.randint(seq_len, (1,), generator=g))
+        seen.add(v)
+        out.append(v)
+    return torch.tensor(out)
 
 
 @pytest.mark.parametrize("mode", ["none", "da", "dba"])
@@ -90,3 +110,18 @@ def test_tiny_ring_overflows_into_hot_slots_and_stays_exact():
 def test_stale_ring_tags_are_refetched_not_read():
     snap, _, _ = _run("none", corrupt_tags=True)
     assert sum(snap["refetch_rows"]) > 0
+
+
+@pytest.mark.parametrize("mode", ["none", "da"])
+def test_speculative_next_layer_staging_is_used_and_stays_exact(mode):
+    snap, _, _ = _run(mode, speculative="next_layer", cross_layer=0.7)
+    spec = snap["prefetch"]["speculative"]
+    assert spec["rows_staged"] > 0 and spec["rows_used"] > 0          # predictions were staged and used
+    assert 0 < spec["precision"] <= 1
+    assert snap["prefetch"]["tiers"]["speculative"]["plans"] > 0
+
+
+def test_speculative_staging_that_never_lands_is_not_read():
+    """Speculative rows whose tags do not match (dropped or late) are ignored: still exact."""
+    snap, _, _ = _run("da", speculative="next_layer", cross_layer=0.7, corrupt_spec=True)
+    assert snap["prefetch"]["speculative"]["rows_used"] == 0

@@ -1,23 +1,38 @@
-"""Write the simulator's calibration/prediction table to bench/results/sim_report.json.
+"""Write the simulator's validation report to bench/results/sim_report.json.
 
-Run: python bench/sim_report.py   (no GPU; a few seconds)
+  python -m bench sim [--op-profile FILE]     (no GPU; a few seconds)
+
+The same table `python -m sgl_ess.sim validate` prints: the fit (first Table 2 row only) and every
+held-out published point with its error, plus the constants with their kinds and sources.
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
+from dataclasses import asdict
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.meta import write_result  # noqa: E402
-from sgl_ess.sim.calibrate import calibration_table, section3_overlap_check, stored_fit  # noqa: E402
+from bench.meta import write_result
+from sgl_ess.sim.profile import OpProfile
+from sgl_ess.sim.reports import constant_rows
+from sgl_ess.sim.validate import checks, fit_summary, worst
 
 
 def main() -> int:
-    path = write_result("sim_report", {
-        "tuned_constants": vars(stored_fit()), "calibration_and_predictions": calibration_table(),
-        "section3_overlap_us": section3_overlap_check()})
+    ap = argparse.ArgumentParser(prog="python -m bench sim", description=__doc__.split("\n")[0])
+    ap.add_argument("--op-profile", default=None, help="op profile to validate (default: h200_published)")
+    args = ap.parse_args()
+    prof = OpProfile.load(args.op_profile)
+    rows = checks(prof)
+    payload = {
+        "profile": prof.name, "fit": fit_summary(prof),
+        "held_out": [dict(asdict(r), error=round(r.error, 2)) for r in rows],
+        "worst": {k: dict(asdict(v), error=round(v.error, 2)) for k, v in worst(rows).items()},
+        "constants": constant_rows(prof),
+    }
+    name = "sim_report" if args.op_profile is None else f"sim_report_{prof.name}"
+    path = write_result(name, payload)
+    for r in rows:
+        print(f"{r.point:<58} {r.error_text:>9}")
     print(f"wrote {path}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Command line: `python -m sgl_ess.sim [run|plan|sweep|sensitivity|calibrate] ...`.
+"""Command line: `python -m sgl_ess.sim [run|plan|validate|fit|constants|profile|sweep|sensitivity] ...`.
 
 Flags are generated from the dataclass fields of config.py (name, type, default, help). Fields in
 LIST_FIELDS accept comma lists on `run` and `sweep`. Every SimConfigError exits with status 2 and one
@@ -12,10 +12,10 @@ import json
 import sys
 from dataclasses import MISSING, fields
 
-from .config import DeploymentConfig, EssConfig, SimConfig, SimConfigError, WorkloadConfig, flag_of
+from .config import DeploymentConfig, OffloadConfig, SimConfig, SimConfigError, WorkloadConfig, flag_of
 from .hardware import known_hardware
 
-GROUPS = (("deployment", DeploymentConfig), ("workload", WorkloadConfig), ("ess", EssConfig))
+GROUPS = (("deployment", DeploymentConfig), ("workload", WorkloadConfig), ("ess", OffloadConfig))
 LIST_FIELDS = ("context_tokens", "mtp", "accept", "batch", "ratio")
 HEADLINE = {"batch": "52,160", "ratio": "1.0,0.21"}
 
@@ -69,9 +69,10 @@ def build_configs(args, lists: bool) -> list[SimConfig]:
     """Cartesian product over context/mtp/accept; batch and ratio lists pair up (or broadcast)."""
     deploy = DeploymentConfig(**{f.name: _values(args, DeploymentConfig, f.name, False)[0]
                                  for f in fields(DeploymentConfig)})
-    ess_base = {f.name: _values(args, EssConfig, f.name, False)[0] for f in fields(EssConfig) if f.name != "ratio"}
+    ess_base = {f.name: _values(args, OffloadConfig, f.name, False)[0] for f in fields(OffloadConfig)
+                if f.name != "ratio"}
     batches = _values(args, WorkloadConfig, "batch", lists)
-    ratios = _values(args, EssConfig, "ratio", lists)
+    ratios = _values(args, OffloadConfig, "ratio", lists)
     if len(batches) != len(ratios) and 1 not in (len(batches), len(ratios)):
         raise SimConfigError(f"--batch has {len(batches)} values and --ratio {len(ratios)}: expected equal "
                              f"lengths (paired) or one of them a single value")
@@ -85,28 +86,55 @@ def build_configs(args, lists: bool) -> list[SimConfig]:
         for b, r in pairs:
             cfgs.append(SimConfig(deploy, WorkloadConfig(context_tokens=ctx, mtp=mtp, accept=acc, batch=b,
                                                          output_tokens=out_tokens),
-                                  EssConfig(ratio=r, **ess_base)))
+                                  OffloadConfig(ratio=r, **ess_base)))
     return cfgs
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2) that points at --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m sgl_ess.sim",
         description="ESS decode performance simulator and capacity planner (DeepSeek-V3.2-Exp, DP attention + "
-                    "EP). With no arguments: the paper's headline (32K, MTP 2, accept 1.7, batch 52 r=1.0 vs "
-                    f"batch 160 r=0.21). Known hardware: {', '.join(known_hardware())}.")
-    sub = p.add_subparsers(dest="cmd")
+                    "EP). Operator times come from an op profile (--op-profile; default: H200 built from published "
+                    "DeepGEMM / FlashMLA / DeepEP figures). With no arguments: the paper's headline (32K, MTP 2, "
+                    f"accept 1.7, batch 52 r=1.0 vs batch 160 r=0.21). Known hardware: {', '.join(known_hardware())}.")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     run = sub.add_parser("run", help="simulate operating points and print a table (or --json rows)")
     add_config_args(run, lists=True)
     run.add_argument("--json", action="store_true", help="print one JSON object per row")
     run.add_argument("--no-fit-check", action="store_true",
                      help="simulate batches that do not fit in GPU memory (like the paper's Figure 1)")
-    run.add_argument("--op-profile", default=None, help="JSON of measured op times replacing the roofline")
-    pl = sub.add_parser("plan", help="best batch, ratio and overlap strategy, and the gain over no offload")
+    pl = sub.add_parser("plan", help="capacity question: batch, hot buffer, host pool, tokens/s, binding resource",
+                        description="Answer a capacity question for a deployment: the largest batch that fits GPU "
+                                    "and host memory and meets the TPOT SLO, the best sparse memory ratio and "
+                                    "overlap, the hot-buffer and host-pool sizes, expected tokens/s, and which "
+                                    "resource binds. Prints its assumptions with the answer.")
     add_config_args(pl, lists=False, exclude=("batch", "ratio"))
-    pl.add_argument("--gpus", type=int, default=None, help="total GPUs (sets --nodes = gpus / --gpus-per-node)")
+    pl.add_argument("--gpus", type=int, default=None, help="total GPUs (sets --nodes = gpus / --gpus-per-node and, "
+                                                           "unless given, --ep = gpus)")
     pl.add_argument("--slo-tpot-ms", type=float, default=None, help="max time per output token in ms")
+    pl.add_argument("--ratios", default=None, help="sparse memory ratios to consider (comma list; default "
+                                                   "0.1,0.15,0.21,0.3,0.4,0.5,0.6,0.8,1.0)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    va = sub.add_parser("validate", help="error on every published point not used for fitting (the protocol)")
+    va.add_argument("--op-profile", default=None, help="op profile to validate (default: h200_published)")
+    va.add_argument("--json", action="store_true", help="print as JSON")
+    fi = sub.add_parser("fit", help="refit the two constants on the first Table 2 row (and nothing else)")
+    fi.add_argument("--write", action="store_true", help="store the result in sgl_ess/sim/data/constants.json")
+    fi.add_argument("--json", action="store_true", help="print as JSON")
+    co = sub.add_parser("constants", help="every constant (op profile + simulator), its kind and its source")
+    co.add_argument("--op-profile", default=None, help="op profile whose constants to list (default: h200_published)")
+    co.add_argument("--json", action="store_true", help="print as JSON")
+    pr = sub.add_parser("profile", help="load and check an op profile; summarize its tables and constants")
+    pr.add_argument("source", help="profile file, or the name of a shipped profile (h200_published)")
+    pr.add_argument("--model", default=None, help="check the tables against this model's shapes "
+                                                  "(default: the profile's own)")
     sw = sub.add_parser("sweep", help="throughput vs batch with/without ESS and misses vs ratio (--plot PNG)")
     add_config_args(sw, lists=False, exclude=("batch",))
     sw.add_argument("--batches", default="16,32,52,64,96,128,160,192,256,320", help="batches to sweep")
@@ -118,8 +146,6 @@ def parser() -> argparse.ArgumentParser:
     add_config_args(se, lists=False)
     se.add_argument("--baseline-batch", type=int, default=52, help="no-offload batch the gain is measured against")
     se.add_argument("--json", action="store_true", help="print rows as JSON")
-    ca = sub.add_parser("calibrate", help="refit the tuned constants on the calibration rows; compare with paper")
-    ca.add_argument("--json", action="store_true", help="print as JSON")
     return p
 
 
@@ -132,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.cmd is None:
             return commands.headline()
+        if args.cmd in ("validate", "fit", "constants", "profile"):
+            from . import reports
+            return getattr(reports, "cmd_" + args.cmd)(args)
         return getattr(commands, "cmd_" + args.cmd)(args)
     except SimConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,33 +1,34 @@
-"""The CLI subcommands: each turns parsed args into simulations and prints a table or JSON."""
+"""The CLI subcommands run, plan, sweep, sensitivity and the no-argument headline (reports.py has the
+protocol commands: validate, fit, constants, profile). Each turns parsed args into simulations and
+prints a table or JSON."""
 from __future__ import annotations
 
 import argparse
 import json
 from dataclasses import asdict, replace
 
-from .calibrate import calibration_rows, calibration_table, figure1_points, fit, stored_fit
 from .cli import build_configs, print_json_rows
 from .config import SimConfigError
+from .constants import const
+from .fit import headline_rows, kernel_overhead_for
 from .hardware import get_hardware
-from .ops import AnalyticalProfile, MeasuredProfile
-from .planner import plan
+from .planner import DEFAULT_RATIOS, PlanResult, plan, sizes
+from .profile import OpProfile
 from .sensitivity import sensitivity
 from .step import StepResult, simulate
+from .transfer import GB, h2d_bytes_per_s
 
 RUN_COLUMNS = (("ctx", "context", "{:>7}"), ("mtp", "mtp", "{:>3}"), ("acc", "accept", "{:>5.2f}"),
                ("batch", "batch", "{:>5}"), ("ratio", "ratio", "{:>5.2f}"), ("overlap", "overlap", "{:>7}"),
-               ("tok/s/node", "tokens_per_s_per_node", "{:>10.1f}"), ("otps", "otps", "{:>6.2f}"),
+               ("tok/s/node", "tokens_per_s_per_node", "{:>10.1f}"), ("tpot_ms", "tpot_ms", "{:>7.2f}"),
                ("step_ms", "step_ms", "{:>7.2f}"), ("maxfit", "max_batch_fits", "{:>6}"),
                ("miss/L", "misses_per_layer", "{:>6.1f}"), ("pcie%", "pcie_busy_fraction", "{:>5.1%}"),
                ("gpuGB", "gpu_mem_gb", "{:>6.1f}"), ("hostGB/node", "host_mem_gb_per_node", "{:>11.1f}"))
 
 
-def _table(rows: list[dict], columns) -> str:
+def table(rows: list[dict], columns) -> str:
     head = " ".join(f"{h:>{len(fmt.format(rows[0][k])) if rows else len(h)}}" for h, k, fmt in columns)
-    lines = [head]
-    for r in rows:
-        lines.append(" ".join(fmt.format(r[k]) for _, k, fmt in columns))
-    return "\n".join(lines)
+    return "\n".join([head] + [" ".join(fmt.format(r[k]) for _, k, fmt in columns) for r in rows])
 
 
 def _breakdown(res: StepResult) -> str:
@@ -36,46 +37,42 @@ def _breakdown(res: StepResult) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfgs = build_configs(args, lists=True)
-    results = []
-    for c in cfgs:
-        prof = None
-        if args.op_profile:
-            prof = MeasuredProfile(args.op_profile, AnalyticalProfile(get_hardware(c.deploy.hardware)))
-        results.append(simulate(c, profile=prof, check=not args.no_fit_check))
+    results = [simulate(c, check=not args.no_fit_check) for c in build_configs(args, lists=True)]
     rows = [r.row() for r in results]
     if args.json:
         print_json_rows(rows)
         return 0
-    print(_table(rows, RUN_COLUMNS))
-    print("step breakdown (ms):")
+    print(table(rows, RUN_COLUMNS))
+    prof = OpProfile.load(results[0].cfg.deploy.op_profile)
+    ko = kernel_overhead_for(prof)
+    how = "fitted on Table 2 row 1" if prof.model_name in (None, "deepseek_v32_exp") else \
+        "not fitted: no published point for this model"
+    print(f"step breakdown (ms); op profile {prof.name}, {ko:.2f} us per kernel launch ({how}):")
     for r in results:
         print(_breakdown(r))
     return 0
 
 
 def headline() -> int:
-    args = argparse.Namespace(**{k: None for k in ("hardware", "nodes", "gpus_per_node", "ep", "gpu_mem_gb",
-                                                    "host_mem_gb", "context_tokens", "mtp", "accept",
-                                                    "output_tokens", "overlap", "transfer", "pcie_h2d_gibps",
-                                                    "hit_rate")},
-                              tbo=True, warmup=True, batch="52,160", ratio="1.0,0.21", json=False,
-                              no_fit_check=False, op_profile=None)
+    names = ("hardware", "model", "op_profile", "nodes", "gpus_per_node", "ep", "gpu_mem_gb", "host_mem_gb",
+             "context_tokens", "mtp", "accept", "output_tokens", "overlap", "transfer", "pcie_h2d_gbps", "hit_rate")
+    args = argparse.Namespace(**dict.fromkeys(names), tbo=True, warmup=True, batch="52,160", ratio="1.0,0.21",
+                              json=False, no_fit_check=True)
     print("ESS paper headline (arXiv 2512.10576, Table 2): 32K context, MTP 2, accept 1.7, 4x8 GPUs, EP 32, TBO\n")
     cmd_run(args)
-    res = [simulate(c) for c in build_configs(args, lists=True)]
-    paper = calibration_rows()
+    res = [simulate(c, check=False) for c in build_configs(args, lists=True)]
+    paper = headline_rows()
     gain = res[1].tokens_per_s_per_node / res[0].tokens_per_s_per_node - 1
     paper_gain = paper[1]["tokens_per_s"] / paper[0]["tokens_per_s"] - 1
     print(f"\nESS gain: {gain:+.1%} (paper {paper_gain:+.1%})")
-    for r, p in zip(res, paper):
+    for r, p, how in zip(res, paper, ("fitted on this row", "prediction")):
         print(f"  batch {p['batch']} r={p['ratio']}: {r.tokens_per_s_per_node:.1f} tok/s vs paper "
-              f"{p['tokens_per_s']} ({r.tokens_per_s_per_node / p['tokens_per_s'] - 1:+.2%}); otps {r.otps:.2f} "
-              f"vs {p['otps']}")
+              f"{p['tokens_per_s']} ({r.tokens_per_s_per_node / p['tokens_per_s'] - 1:+.2%}, {how})")
+    print("every held-out point: python -m sgl_ess.sim validate")
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _plan_args(args: argparse.Namespace):
     if args.gpus is not None:
         per = int(args.gpus_per_node or 8)
         if args.gpus <= 0 or args.gpus % per:
@@ -84,43 +81,88 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.ep is None:
             args.ep = str(args.gpus)
     args.batch, args.ratio = None, None
-    cfg = build_configs(args, lists=False)[0]
-    res = plan(cfg, args.slo_tpot_ms)
+    ratios = DEFAULT_RATIOS
+    if args.ratios:
+        try:
+            ratios = tuple(float(x) for x in args.ratios.split(","))
+        except ValueError:
+            raise SimConfigError(f"--ratios {args.ratios!r}: expected a comma list of numbers in (0, 1]") from None
+    return build_configs(args, lists=False)[0], ratios
+
+
+def assumptions(cfg, prof: OpProfile) -> list[str]:
+    hw = get_hardware(cfg.deploy.hardware)
+    d, w = cfg.deploy, cfg.work
+    return [
+        f"model {d.model}; {d.gpus} x {hw.name} ({hw.memory_bytes / GB:.0f} GB, HBM {hw.hbm_bytes_per_s / GB:.0f} GB/s, "
+        f"PCIe {hw.pcie_bytes_per_s / GB:.0f} GB/s); DP attention, EP {d.ep}, TBO {'on' if d.tbo else 'off'}",
+        f"every request at {w.context_tokens} tokens of context; MTP {w.mtp}, {w.accept_tokens:.3f} accepted tokens "
+        f"per step; balanced expert routing",
+        f"op profile {prof.name} ({'measured tables' if prof.tables else 'published kernel figures'}); "
+        f"{kernel_overhead_for(prof):.2f} us per kernel launch and {const('non_cache_reserve_GB')} GB non-cache "
+        f"reserve per GPU, both fitted on Table 2 row 1 only",
+        f"host->GPU {h2d_bytes_per_s(cfg.ess, hw) / GB:.1f} GB/s ({cfg.ess.transfer}); misses from exact LRU over a "
+        f"synthetic locality trace (priors in data/constants.json); warmup {'on' if cfg.ess.warmup else 'off'}",
+        "accuracy: see `python -m sgl_ess.sim validate` (errors on the paper's held-out points)",
+    ]
+
+
+def _plan_json(res: PlanResult, cfg, prof) -> dict:
+    return {"baseline": res.baseline.row() if res.baseline else None,
+            "best": res.best.row() if res.best else None,
+            "sizes": sizes(res.best) if res.best else None,
+            "gain_pct": None if res.gain is None else round(100 * res.gain, 2),
+            "binding": res.binding, "binding_why": res.binding_why,
+            "relief_gain_pct": {k: round(100 * v, 2) for k, v in res.relief_gain.items()},
+            "by_overlap": {k: v.row() for k, v in res.by_overlap.items()},
+            "by_ratio": [r.row() for r in res.by_ratio], "assumptions": assumptions(cfg, prof)}
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    cfg, ratios = _plan_args(args)
+    res = plan(cfg, args.slo_tpot_ms, ratios)
+    prof = OpProfile.load(cfg.deploy.op_profile)
     if args.json:
-        out = {"baseline": res.baseline.row() if res.baseline else None,
-               "best": res.best.row() if res.best else None,
-               "gain_pct": None if res.gain is None else round(100 * res.gain, 2),
-               "by_overlap": {k: v.row() for k, v in res.by_overlap.items()},
-               "by_ratio": [r.row() for r in res.by_ratio]}
-        print(json.dumps(out, indent=1))
+        print(json.dumps(_plan_json(res, cfg, prof), indent=1))
         return 0
     if res.best is None:
         raise SimConfigError("no batch fits or meets the SLO at any ratio; relax --slo-tpot-ms, shorten --context "
-                             "or add memory (--gpu-mem-gb, --host-mem-gb)")
+                             "or add memory (--gpu-mem-gb, --host-mem-gb, --gpus)")
     print("per ratio (largest batch that fits and meets the SLO):")
-    print(_table([r.row() for r in res.by_ratio], RUN_COLUMNS))
-    if res.by_overlap:
-        print("\noverlap strategies at the best ratio:")
-        print(_table([r.row() for r in res.by_overlap.values()], RUN_COLUMNS))
+    print(table([r.row() for r in res.by_ratio], RUN_COLUMNS))
     b = res.best
-    print(f"\nbest: batch {b.cfg.work.batch}, ratio {b.cfg.ess.ratio:g}, overlap "
-          f"{b.cfg.ess.overlap if b.cfg.ess.offload else 'off'}: {b.tokens_per_s_per_node:.0f} tok/s/node, "
-          f"TPOT {b.step_us / 1e3 / b.accept:.2f} ms, host {b.row()['host_mem_gb_per_node']} GB/node, "
-          f"PCIe busy {b.pcie_busy_fraction:.0%}")
+    s = sizes(b)
+    print(f"\nanswer: batch {b.cfg.work.batch} per GPU at ratio {b.cfg.ess.ratio:g}, overlap "
+          f"{b.cfg.ess.overlap if b.cfg.ess.offload else 'off (no offload)'}")
+    print(f"  expected {b.tokens_per_s_per_node:.0f} tok/s per node, {b.tokens_per_s_per_node * cfg.deploy.nodes:.0f} "
+          f"in total; TPOT {b.tpot_ms:.2f} ms{'' if args.slo_tpot_ms is None else f' (SLO {args.slo_tpot_ms:g})'}")
+    print(f"  hot buffer: {s['hot_slots_per_request_layer']} slots per request per layer = "
+          f"{s['hot_buffer_gb_per_gpu']:.1f} GB per GPU (+ {s['indexer_keys_gb_per_gpu']:.1f} GB indexer keys); "
+          f"GPU total {s['gpu_used_gb']:.1f} GB")
+    print(f"  host pool: {s['host_pool_gb_per_node']:.0f} GB per node (pinned); PCIe busy {b.pcie_busy_fraction:.0%}")
+    print(f"  ess_config: max_gpu_buffer_size_gb: {s['hot_buffer_gb_per_gpu']:.1f}, memory_pool_size_gb: "
+          f"{s['host_pool_gb_per_node']:.0f}, prefetch_overlap_level: {b.cfg.ess.overlap}")
+    print(f"  binding resource: {res.binding} - {res.binding_why}")
     if res.baseline is not None:
-        print(f"no offload: batch {res.baseline.cfg.work.batch}: {res.baseline.tokens_per_s_per_node:.0f} tok/s/node"
-              f" -> gain {res.gain:+.1%}")
+        print(f"  no offload: batch {res.baseline.cfg.work.batch}, {res.baseline.tokens_per_s_per_node:.0f} "
+              f"tok/s/node -> ESS gain {res.gain:+.1%}")
     else:
-        print("no offload: nothing fits or meets the SLO")
+        print("  no offload: nothing fits or meets the SLO")
+    print("assumptions:")
+    for a in assumptions(cfg, prof):
+        print(f"  - {a}")
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    args.ratio = None
-    args.batch = None
+    args.ratio, args.batch = None, None
     base = build_configs(args, lists=False)[0]
-    batches = [int(x) for x in args.batches.split(",")]
-    ratios = [float(x) for x in args.ratios.split(",")]
+    try:
+        batches = [int(x) for x in args.batches.split(",")]
+        ratios = [float(x) for x in args.ratios.split(",")]
+    except ValueError:
+        raise SimConfigError(f"--batches {args.batches!r} / --ratios {args.ratios!r}: expected comma lists of "
+                             f"integers / numbers") from None
     brows = []
     fit1 = fit2 = None
     for b in batches:
@@ -131,7 +173,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         brows.append({"batch": b, "ratio": args.ess_ratio, "no_offload": no.tokens_per_s_per_node,
                       "ess": es.tokens_per_s_per_node, "max_fit_no_offload": fit1, "max_fit_ess": fit2})
     if base.work.context_tokens == 32768 and base.work.mtp == 2:
-        brows[0]["paper"] = figure1_points()
+        from .fit import published
+        brows[0]["paper"] = published()["figure1_throughput_vs_batch_32k_mtp2_unconstrained_memory"]
     rrows = []
     for r in ratios:
         if r * base.work.context_tokens < 2048:
@@ -176,19 +219,4 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r.knob:>14} {r.value:>10} {r.tokens_per_s_per_node:>10.0f} {r.gain_pct:>+7.1f}% "
               f"{r.ess_exposed_ms:>7.2f} {r.pcie_busy_fraction:>6.1%}")
-    return 0
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    fitted, stored = fit(), stored_fit()
-    table = calibration_table()
-    if args.json:
-        print(json.dumps({"fitted": asdict(fitted), "stored": asdict(stored), "table": table}, indent=1))
-        return 0
-    print(f"refit on the calibration rows: {fitted}")
-    print(f"stored in data/tuned_constants.json: {stored}")
-    print(f"{'set':>22} {'batch':>5} {'ratio':>5} {'paper':>9} {'sim':>9} {'error':>7}")
-    for r in table:
-        print(f"{r['set']:>22} {r['batch']:>5} {r['ratio']:>5.2f} {r['paper_tokens_per_s']:>9.1f} "
-              f"{r['sim_tokens_per_s']:>9.1f} {r['error_pct']:>+6.1f}%")
     return 0

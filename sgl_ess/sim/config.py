@@ -1,19 +1,22 @@
 """Typed, frozen configuration for the simulator; each field's metadata generates a CLI flag.
 
-Three user-facing groups (`DeploymentConfig`, `WorkloadConfig`, `EssConfig`) plus the model facts
-(`ModelSpec`, loaded from `data/model_deepseek_v32_exp.json`). Every group validates itself in
-`__post_init__` and raises `SimConfigError` naming the value received, what was expected and the
-flag that fixes it. Nothing here holds memory or state; all objects are immutable.
+Three user-facing groups (`DeploymentConfig`, `WorkloadConfig`, `OffloadConfig`) plus the model facts
+(`ModelSpec`, loaded from `data/model_<name>.json`). Every group validates itself in `__post_init__`
+and raises `SimConfigError` naming the value received, what was expected and the flag that fixes it.
+Nothing here holds memory or state; all objects are immutable.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 OVERLAP_STRATEGIES = ("none", "da", "dba", "full")
 TRANSFER_METHODS = ("flashtrans", "memcpy")
+KNOWN_MODELS = ("deepseek_v32_exp", "tiny_dsv32")
+MTP_DRAFT_ACCEPTANCE = 0.7   # paper Table 2: MTP 2 accepts 1.7 tokens per step -> 0.7 per draft token
 
 
 class SimConfigError(ValueError):
@@ -46,7 +49,8 @@ def load_data(name: str) -> dict:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture facts of DeepSeek-V3.2-Exp that the cost and memory models read."""
+    """Architecture facts of a DeepSeek-V3.2-architecture model that the cost and memory models read."""
+    name: str
     num_layers: int
     num_dense_layers: int
     num_mtp_layers: int
@@ -70,35 +74,53 @@ class ModelSpec:
     indexer_bytes_per_token_layer: int
 
     @classmethod
+    def load(cls, name: str = "deepseek_v32_exp") -> "ModelSpec":
+        if name not in KNOWN_MODELS:
+            raise SimConfigError(f"model = {name!r}: unknown; expected one of {', '.join(KNOWN_MODELS)}; fix --model")
+        return _load_model(name)
+
+    @classmethod
     def deepseek_v32_exp(cls) -> "ModelSpec":
-        d = load_data("model_deepseek_v32_exp.json")
-        return cls(
-            num_layers=d["num_hidden_layers"], num_dense_layers=d["first_k_dense_replace"],
-            num_mtp_layers=d["num_nextn_predict_layers"], hidden=d["hidden_size"],
-            heads=d["num_attention_heads"], q_lora_rank=d["q_lora_rank"],
-            kv_lora_rank=d["kv_lora_rank"], qk_nope_dim=d["qk_nope_head_dim"],
-            qk_rope_dim=d["qk_rope_head_dim"], v_head_dim=d["v_head_dim"],
-            index_heads=d["index_n_heads"], index_head_dim=d["index_head_dim"],
-            topk_tokens=d["index_topk"], routed_experts=d["n_routed_experts"],
-            experts_per_token=d["num_experts_per_tok"], shared_experts=d["n_shared_experts"],
-            moe_intermediate=d["moe_intermediate_size"], dense_intermediate=d["intermediate_size"],
-            vocab=d["vocab_size"],
-            latent_bytes_per_token_layer=d["latent_bytes_per_token_layer_fp8"],
-            indexer_bytes_per_token_layer=d["indexer_bytes_per_token_layer"],
-        )
+        return cls.load("deepseek_v32_exp")
 
     @property
     def cached_layers(self) -> int:
         """Layers that keep a latent + indexer cache: the decoder layers plus the MTP layer(s)."""
         return self.num_layers + self.num_mtp_layers
 
+    def shape_signature(self) -> dict[str, int]:
+        """The dimensions an op profile's tables depend on (a profile measured at other shapes is refused)."""
+        return {k: getattr(self, k) for k in ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_dim",
+                                              "qk_rope_dim", "v_head_dim", "index_heads", "index_head_dim",
+                                              "topk_tokens", "routed_experts", "experts_per_token",
+                                              "moe_intermediate", "dense_intermediate", "vocab")}
+
+
+@lru_cache(maxsize=None)
+def _load_model(name: str) -> ModelSpec:
+    d = load_data(f"model_{name}.json")
+    return ModelSpec(
+        name=name, num_layers=d["num_hidden_layers"], num_dense_layers=d["first_k_dense_replace"],
+        num_mtp_layers=d["num_nextn_predict_layers"], hidden=d["hidden_size"],
+        heads=d["num_attention_heads"], q_lora_rank=d["q_lora_rank"], kv_lora_rank=d["kv_lora_rank"],
+        qk_nope_dim=d["qk_nope_head_dim"], qk_rope_dim=d["qk_rope_head_dim"], v_head_dim=d["v_head_dim"],
+        index_heads=d["index_n_heads"], index_head_dim=d["index_head_dim"], topk_tokens=d["index_topk"],
+        routed_experts=d["n_routed_experts"], experts_per_token=d["num_experts_per_tok"],
+        shared_experts=d["n_shared_experts"], moe_intermediate=d["moe_intermediate_size"],
+        dense_intermediate=d["intermediate_size"], vocab=d["vocab_size"],
+        latent_bytes_per_token_layer=d["latent_bytes_per_token_layer"],
+        indexer_bytes_per_token_layer=d["indexer_bytes_per_token_layer"])
+
 
 @dataclass(frozen=True)
 class DeploymentConfig:
-    """Cluster shape (paper Table 1: 4 nodes x 8 GPUs, TP 1, DP attention, EP 32, TBO on)."""
+    """Cluster shape (paper Table 1: 4 nodes x 8 GPUs, TP 1, DP attention, EP 32, TBO on) and its inputs."""
     hardware: str = flag("h200", "GPU profile name from data/hardware.json (the paper does not name its "
                                  "GPU; h200 is the standard GPU on which the paper's batch 52 at 32K fits)")
-    nodes: int = flag(4, "number of 8-GPU nodes")
+    model: str = flag("deepseek_v32_exp", f"model whose shapes are simulated: {' | '.join(KNOWN_MODELS)}")
+    op_profile: str | None = flag(None, "operator profile JSON (file path, or the name of a shipped one: "
+                                        "h200_published); default: h200_published. Format: sgl_ess/sim/README.md")
+    nodes: int = flag(4, "number of nodes")
     gpus_per_node: int = flag(8, "GPUs per node")
     ep: int = flag(32, "expert-parallel degree (experts are sharded over this many GPUs)")
     tbo: bool = flag(True, "Two-Batch Overlap: split the batch in two micro-batches that hide communication")
@@ -116,6 +138,9 @@ class DeploymentConfig:
         if self.ep > self.nodes * self.gpus_per_node:
             raise SimConfigError(f"ep = {self.ep}: expected at most nodes x gpus_per_node = "
                                  f"{self.nodes * self.gpus_per_node}; fix --ep or --nodes")
+        if self.model not in KNOWN_MODELS:
+            raise SimConfigError(f"model = {self.model!r}: unknown; expected one of {', '.join(KNOWN_MODELS)}; "
+                                 f"fix --model")
 
     @property
     def gpus(self) -> int:
@@ -127,8 +152,8 @@ class WorkloadConfig:
     """One decode operating point. Batch is per GPU (DP attention); throughput is per node."""
     context_tokens: int = flag(32768, "context length per request in tokens", "--context")
     mtp: int = flag(2, "tokens verified per request per step (1 = no MTP; 2 = one draft token)")
-    accept: float | None = flag(None, "accepted tokens per step, in [1, mtp] (default: 1.7 at mtp 2 and, "
-                                      "for other mtp, the same per-draft acceptance 0.7 compounded)")
+    accept: float | None = flag(None, "accepted tokens per step, in [1, mtp] (default: the paper's 0.7 "
+                                      "per-draft acceptance compounded: 1.7 at mtp 2, 2.533 at mtp 4)")
     batch: int = flag(52, "requests per GPU")
     output_tokens: int = flag(2048, "output tokens per request (amortizes the cold-start misses without warmup)")
 
@@ -144,19 +169,18 @@ class WorkloadConfig:
         """Accepted tokens per step; default compounds the paper's 0.7 per-draft acceptance."""
         if self.accept is not None:
             return self.accept
-        p = 0.7  # MTP 2 with 1.7 accepted tokens -> 0.7 per draft token (paper Table 2)
-        return sum(p ** i for i in range(self.mtp))
+        return sum(MTP_DRAFT_ACCEPTANCE ** i for i in range(self.mtp))
 
 
 @dataclass(frozen=True)
-class EssConfig:
-    """ESS knobs. ratio = 1.0 means no offload (everything on GPU, no ESS transfers)."""
+class OffloadConfig:
+    """ESS offload knobs. ratio = 1.0 means no offload (everything on GPU, no ESS transfers)."""
     ratio: float = flag(1.0, "sparse memory ratio r = GPU latent slots / latent entries, in (0, 1]")
     overlap: str = flag("full", "transfer overlap: none | da | dba | full (per-layer best of da/dba)")
     transfer: str = flag("flashtrans", "host->GPU copy method: flashtrans (GPU threads on pinned memory) | "
                                       "memcpy (one cudaMemcpyAsync per 656 B row)")
-    pcie_h2d_gibps: float | None = flag(None, "effective host->GPU rate in GiB/s (default: FlashTrans 37 "
-                                               "scaled by the profile's PCIe generation)")
+    pcie_h2d_gbps: float | None = flag(None, "effective host->GPU rate in GB/s (1e9 B/s; default: the paper's "
+                                             "FlashTrans 37 GB/s, scaled by the profile's PCIe generation)")
     warmup: bool = flag(True, "LRU warmup with the prefill's last top-k ids (off: cold-start burst)")
     hit_rate: float | None = flag(None, "override the simulated hit rate (fraction of top-k entries found on "
                                         "GPU, in [0, 1]); default: exact LRU over the locality model")
@@ -171,8 +195,8 @@ class EssConfig:
         if self.transfer not in TRANSFER_METHODS:
             raise SimConfigError(f"transfer = {self.transfer!r}: expected one of {', '.join(TRANSFER_METHODS)}; "
                                  f"fix --transfer")
-        if self.pcie_h2d_gibps is not None:
-            _positive(EssConfig, "pcie_h2d_gibps", self.pcie_h2d_gibps)
+        if self.pcie_h2d_gbps is not None:
+            _positive(OffloadConfig, "pcie_h2d_gbps", self.pcie_h2d_gbps)
         if self.hit_rate is not None and not (0.0 <= self.hit_rate <= 1.0):
             raise SimConfigError(f"hit_rate = {self.hit_rate!r}: expected a fraction in [0, 1]; fix --hit-rate")
 
@@ -186,4 +210,4 @@ class SimConfig:
     """Everything one simulated operating point needs."""
     deploy: DeploymentConfig = field(default_factory=DeploymentConfig)
     work: WorkloadConfig = field(default_factory=WorkloadConfig)
-    ess: EssConfig = field(default_factory=EssConfig)
+    ess: OffloadConfig = field(default_factory=OffloadConfig)

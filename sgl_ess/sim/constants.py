@@ -1,9 +1,11 @@
-"""Every tuned constant and stated prior of the simulator, read from data/tuned_constants.json.
+"""The simulator's non-device constants, read from data/constants.json (device and kernel rates live in
+the op profile, see profile.py).
 
-`kind` in the JSON says how a value was obtained: "fitted" (solved on the two Table 2 calibration
-rows only, see calibrate.py), "paper" (a number the paper states), or "prior" (an engineering
-assumption stated openly). Code reads constants only through `const(name)` so a grep finds every use;
-`overridden(...)` swaps values temporarily (calibration fits and sensitivity sweeps).
+`kind` in the JSON says how a value was obtained: "paper" (a number the ESS paper states, read as
+printed), "prior" (an engineering assumption stated openly, never tuned to a held-out point) or
+"fitted" (solved on the first Table 2 row only, see fit.py). Code reads constants only through
+`const(name)` so a grep finds every use; `overridden(...)` swaps values temporarily (the fit and the
+sensitivity sweeps).
 """
 from __future__ import annotations
 
@@ -18,7 +20,12 @@ _OVERRIDES: dict[str, object] = {}
 
 @lru_cache(maxsize=None)
 def all_constants() -> dict[str, dict]:
-    return {k: v for k, v in load_data("tuned_constants.json").items() if not k.startswith("_")}
+    return {k: v for k, v in load_data("constants.json").items() if not k.startswith("_")}
+
+
+def override_of(name: str):
+    """The value `overridden()` currently sets for `name`, or None."""
+    return _OVERRIDES.get(name)
 
 
 def const(name: str):
@@ -32,7 +39,7 @@ def overridden(**values) -> Iterator[None]:
     """Temporarily replace constants by name (unknown names are an error, not a silent no-op)."""
     unknown = sorted(set(values) - set(all_constants()))
     if unknown:
-        raise SimConfigError(f"unknown constant(s) {unknown}; expected names from data/tuned_constants.json")
+        raise SimConfigError(f"unknown constant(s) {unknown}; expected names from data/constants.json")
     saved = dict(_OVERRIDES)
     _OVERRIDES.update(values)
     try:

@@ -1,6 +1,6 @@
 """GPU hardware profiles, loaded from data/hardware.json (each value carries its source there).
 
-Peak rates only; efficiency factors live in data/tuned_constants.json so they are never hidden here.
+Peak rates only; efficiency factors live in the op profile (profile.py) so they are never hidden here.
 Units: bytes per second and FLOP per second after loading; the JSON holds GB/s and TFLOPS (1e9/1e12).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ usual Che/IRM approximations. The simulation is cheap because it runs at a reduc
 top-k and hot-buffer slots are all divided by `lru_sim_scale` (ratios unchanged) and the miss counts
 multiplied back. Results are cached per (similarity, sizes, MTP, warmup).
 
-Locality model of one layer (all constants in data/tuned_constants.json):
+Locality model of one layer (all constants in data/constants.json, kind prior):
 - each step keeps every entry of the previous top-k set with probability s, the layer's intra-layer
   similarity (ESS.md section 3: ~0.7-0.9 in layers 1-17 and 48-60, 0.3-0.6 in 18-44, ~0 in layer 0);
 - each replaced entry is, with probability `reuse_fraction`, one that was in a top-k set during the
@@ -37,7 +37,7 @@ class LayerMisses:
 
 
 def layer_similarity(num_layers: int) -> np.ndarray:
-    """Per-layer similarity from the anchor points in tuned_constants.json, linearly interpolated.
+    """Per-layer similarity from the anchor points in data/constants.json, linearly interpolated.
 
     Index num_layers and beyond (the MTP layer) reuse the last decoder layer's value.
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import DeploymentConfig, EssConfig, ModelSpec, SimConfigError, WorkloadConfig
+from .config import DeploymentConfig, OffloadConfig, ModelSpec, SimConfigError, WorkloadConfig
 from .constants import const
 from .hardware import HardwareProfile
 
@@ -60,19 +60,19 @@ def weight_bytes_per_gpu(m: ModelSpec, deploy: DeploymentConfig) -> WeightBytes:
     return WeightBytes(float(replicated), float(routed))
 
 
-def hot_slots_per_layer(work: WorkloadConfig, ess: EssConfig) -> int:
+def hot_slots_per_layer(work: WorkloadConfig, ess: OffloadConfig) -> int:
     """GPU latent slots per request per layer."""
     return math.ceil(ess.ratio * work.context_tokens)
 
 
-def gpu_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: EssConfig) -> float:
+def gpu_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig) -> float:
     """Indexer keys for the full context + the hot latent buffer, over every cached layer."""
     per_layer = (work.context_tokens * m.indexer_bytes_per_token_layer
                  + hot_slots_per_layer(work, ess) * m.latent_bytes_per_token_layer)
     return float(per_layer * m.cached_layers)
 
 
-def host_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: EssConfig) -> float:
+def host_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig) -> float:
     """The full latent history in pinned host memory; zero without offload."""
     if not ess.offload:
         return 0.0
@@ -87,28 +87,31 @@ class MemoryReport:
     cache_budget_bytes: float
     gpu_bytes_per_request: float
     host_bytes_per_request: float
-    max_batch: int
+    max_batch: int                    # the smaller of the two limits below
+    max_batch_gpu: int = 0            # largest batch the GPU's cache budget holds
+    max_batch_host: int | None = None  # largest batch --host-mem-gb holds (None: no host limit given)
 
     def gpu_used_bytes(self, batch: int) -> float:
         return self.weights_bytes + self.reserve_bytes + batch * self.gpu_bytes_per_request
 
 
 def memory_report(m: ModelSpec, hw: HardwareProfile, deploy: DeploymentConfig,
-                  work: WorkloadConfig, ess: EssConfig) -> MemoryReport:
+                  work: WorkloadConfig, ess: OffloadConfig) -> MemoryReport:
     capacity = deploy.gpu_mem_gb * 1e9 if deploy.gpu_mem_gb is not None else hw.memory_bytes
     weights = weight_bytes_per_gpu(m, deploy).total_bytes
     reserve = const("non_cache_reserve_GB") * 1e9
     budget = capacity - weights - reserve
     per_req = gpu_bytes_per_request(m, work, ess)
-    max_batch = max(0, math.floor(budget / per_req)) if budget > 0 else 0
+    gpu_max = max(0, math.floor(budget / per_req)) if budget > 0 else 0
     host_req = host_bytes_per_request(m, work, ess)
+    host_max = None
     if deploy.host_mem_gb is not None and host_req > 0:
         host_max = math.floor(deploy.host_mem_gb * 1e9 / (host_req * deploy.gpus_per_node))
-        max_batch = min(max_batch, host_max)
-    return MemoryReport(capacity, weights, reserve, budget, per_req, host_req, max_batch)
+    max_batch = gpu_max if host_max is None else min(gpu_max, host_max)
+    return MemoryReport(capacity, weights, reserve, budget, per_req, host_req, max_batch, gpu_max, host_max)
 
 
-def check_fits(rep: MemoryReport, work: WorkloadConfig, ess: EssConfig, hw_name: str) -> None:
+def check_fits(rep: MemoryReport, work: WorkloadConfig, ess: OffloadConfig, hw_name: str) -> None:
     """Raise a SimConfigError that names the largest batch that fits and the flags that change it."""
     if rep.cache_budget_bytes <= 0:
         raise SimConfigError(

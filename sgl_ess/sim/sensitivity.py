@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from .config import OVERLAP_STRATEGIES, SimConfig
 from .step import simulate
 
-PCIE_GIBPS = (4.0, 8.0, 16.0, 24.0, 37.0, 50.0, 64.0)
+PCIE_GBPS = (4.0, 8.0, 16.0, 24.0, 37.0, 50.0, 64.0)
 HIT_RATES = (0.80, 0.90, 0.95, 0.98, 0.99, None)
 
 
@@ -36,8 +36,8 @@ def sensitivity(cfg: SimConfig, baseline_batch: int) -> list[SensitivityRow]:
                             ess=replace(cfg.ess, ratio=1.0)), check=False)
     b = base.tokens_per_s_per_node
     rows = [_row("as configured", "-", cfg, b)]
-    for g in PCIE_GIBPS:
-        rows.append(_row("pcie_h2d_gibps", f"{g:g}", replace(cfg, ess=replace(cfg.ess, pcie_h2d_gibps=g)), b))
+    for g in PCIE_GBPS:
+        rows.append(_row("pcie_h2d_gbps", f"{g:g}", replace(cfg, ess=replace(cfg.ess, pcie_h2d_gbps=g)), b))
     for h in HIT_RATES:
         rows.append(_row("hit_rate", "model" if h is None else f"{h:g}",
                          replace(cfg, ess=replace(cfg.ess, hit_rate=h)), b))

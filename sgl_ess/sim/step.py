@@ -1,11 +1,13 @@
 """The decode step model: composes ops, memory, misses, transfer and overlap into one step time.
 
-One step on one GPU (DP attention): the main model verifies `mtp` tokens per request through all 61
-layers, then the LM head; the MTP layer runs once over the `mtp` tokens (draft extend) and `mtp - 1`
-times with one token (drafting), each followed by the LM head. With Two-Batch Overlap the batch is
-split into two micro-batches; per layer the step pays max(compute_0 + compute_1, comm_0 + comm_1),
-so communication (and ESS exposure) hides behind the other micro-batch. Throughput per node =
-gpus_per_node x batch x accepted tokens per step / step time.
+One step on one GPU (DP attention), as SGLang runs MTP (EAGLE-style, topk 1): the main model verifies
+`mtp` tokens per request through all layers and the LM head; then the MTP layer runs once over the
+`mtp` tokens (draft extend, producing the first draft) and `mtp - 2` more times with one token (the
+remaining drafts), each followed by the LM head on one token per request. With Two-Batch Overlap each
+layer runs two micro-batches and pays max(compute_0 + compute_1, comm_0 + comm_1): DeepEP's
+low-latency all-to-all runs on RDMA without SMs, behind the other micro-batch's compute.
+Every kernel launch costs kernel_overhead_us on top of its roofline time (the one constant fitted, on
+the first Table 2 row). Throughput per node = gpus_per_node x batch x accepted tokens per step / step.
 """
 from __future__ import annotations
 
@@ -18,12 +20,15 @@ from .constants import const
 from .hardware import get_hardware
 from .hitrate import misses_per_layer
 from .memory import MemoryReport, check_fits, memory_report
-from .ops import AnalyticalProfile, OpProfile, attention_ops, ffn_ops, head_op
+from .ops import attention_ops, embed_op, ffn_ops, head_ops, mtp_input_ops, resolve_op
 from .overlap import LayerPhaseTimes, overlap
+from .profile import OpProfile, OpTimer
 from .transfer import d2h_bytes_per_s, h2d_bytes_per_s, transfer_us
 
-BREAKDOWN_KEYS = ("indexer", "pre_attn", "attention", "post_attn", "ffn", "comm_exposed",
-                  "ess_exposed", "overhead", "head", "mtp_draft")
+COMPUTE_PHASES = ("attn_in", "indexer", "pre_attn", "attention", "post_attn", "ffn")
+BREAKDOWN_KEYS = COMPUTE_PHASES + ("kernel_overhead", "comm_exposed", "ess_exposed", "head", "mtp_draft",
+                                   "cpu_gap")
+ESS_LAUNCHES = 2        # the FlashTrans fetch and write-back kernels of each layer (the resolve is an op)
 
 
 @dataclass
@@ -34,6 +39,7 @@ class StepResult:
     memory: MemoryReport
     misses_per_layer: np.ndarray          # per cached layer, per request per step
     pcie_busy_fraction: float
+    kernels_per_step: int
     strategies: dict[str, int] = field(default_factory=dict)   # layers x micro-batches per strategy used
 
     @property
@@ -46,71 +52,93 @@ class StepResult:
         return self.accept / (self.step_us * 1e-6)
 
     @property
+    def tpot_ms(self) -> float:
+        return self.step_us / 1e3 / self.accept
+
+    @property
     def tokens_per_s_per_node(self) -> float:
         return self.cfg.deploy.gpus_per_node * self.cfg.work.batch * self.otps
 
     def row(self) -> dict:
         """The flat record `run --json` prints."""
         w, e, d = self.cfg.work, self.cfg.ess, self.cfg.deploy
+        m = self.misses_per_layer[:-1] if len(self.misses_per_layer) > 1 else self.misses_per_layer
         return {
-            "hardware": d.hardware, "context": w.context_tokens, "mtp": w.mtp, "accept": round(self.accept, 4),
-            "batch": w.batch, "ratio": e.ratio, "overlap": e.overlap if e.offload else "off",
+            "hardware": d.hardware, "model": d.model, "context": w.context_tokens, "mtp": w.mtp,
+            "accept": round(self.accept, 4), "batch": w.batch, "ratio": e.ratio,
+            "overlap": e.overlap if e.offload else "off",
             "tokens_per_s_per_node": round(self.tokens_per_s_per_node, 2), "otps": round(self.otps, 3),
-            "step_ms": round(self.step_us / 1e3, 3), "max_batch_fits": self.memory.max_batch,
-            "misses_per_layer": round(float(self.misses_per_layer[:-1].mean()), 2),
-            "misses_per_layer_max": round(float(self.misses_per_layer[:-1].max()), 2),
-            "pcie_busy_fraction": round(self.pcie_busy_fraction, 4),
+            "tpot_ms": round(self.tpot_ms, 3), "step_ms": round(self.step_us / 1e3, 3),
+            "max_batch_fits": self.memory.max_batch, "misses_per_layer": round(float(m.mean()), 2),
+            "misses_per_layer_max": round(float(m.max()), 2), "pcie_busy_fraction": round(self.pcie_busy_fraction, 4),
             "gpu_mem_gb": round(self.memory.gpu_used_bytes(w.batch) / 1e9, 2),
             "host_mem_gb_per_node": round(self.memory.host_bytes_per_request * w.batch * d.gpus_per_node / 1e9, 1),
+            "kernels_per_step": self.kernels_per_step,
             "breakdown_ms": {k: round(v / 1e3, 3) for k, v in self.breakdown_us.items()},
         }
 
 
-def _micro_batches(batch: int, tbo: bool) -> list[int]:
+def micro_batches(batch: int, tbo: bool) -> list[int]:
     return [batch - batch // 2, batch // 2] if tbo and batch >= 2 else [batch]
 
 
 class _Stepper:
-    """Times layers for one configuration; op lists are shared by all layers of the same kind."""
+    """Times layers for one configuration; adds every op's time to the breakdown."""
 
-    def __init__(self, cfg: SimConfig, m: ModelSpec, profile: OpProfile):
-        self.cfg, self.m, self.p = cfg, m, profile
+    def __init__(self, cfg: SimConfig, m: ModelSpec, timer: OpTimer, kernel_us: float):
+        self.cfg, self.m, self.timer, self.kernel_us = cfg, m, timer, kernel_us
         hw = get_hardware(cfg.deploy.hardware)
         self.h2d, self.d2h = h2d_bytes_per_s(cfg.ess, hw), d2h_bytes_per_s(cfg.ess, hw)
         self.bd = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
         self.fetch_total_us = 0.0
+        self.kernels = 0
         self.strategies: dict[str, int] = {}
 
-    def _phase_us(self, ops) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for op in ops:
-            out[op.phase] = out.get(op.phase, 0.0) + self.p.time_us(op)
-        return out
+    def ops_us(self, ops, key: str) -> float:
+        """Ops outside the layers (embedding, LM head): all compute, booked under `key`."""
+        t = sum(self.timer.time_us(op) + op.kernels * self.kernel_us for op in ops)
+        self.kernels += sum(op.kernels for op in ops)
+        self.bd[key] += t
+        return t
 
-    def layer_us(self, mbs: list[int], q: int, dense: bool, misses: float, key: str | None = None) -> float:
-        """One layer over all micro-batches; `misses` per request; `key` books time elsewhere (draft)."""
+    def layer_us(self, mbs: list[int], q: int, dense: bool, misses: float, key: str | None = None,
+                 extra_ops=None) -> float:
+        """One layer over all micro-batches; `misses` per request; `key` books it as a whole (MTP)."""
         d, w, e, m = self.cfg.deploy, self.cfg.work, self.cfg.ess, self.m
         computes, comms = [], []
         local = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
         for b in mbs:
-            ph = self._phase_us(attention_ops(m, b, q, w.context_tokens)
-                                + ffn_ops(m, b * q, dense, d.gpus, d.gpus_per_node, d.ep))
-            fetch = transfer_us(b * misses, m.latent_bytes_per_token_layer, self.h2d) if e.offload else 0.0
-            wb = transfer_us(b * q, m.latent_bytes_per_token_layer, self.d2h) if e.offload else 0.0
-            union = min(m.topk_tokens * q, w.context_tokens)
-            res = overlap(e.overlap, LayerPhaseTimes(
-                ph.get("indexer", 0.0), ph.get("pre_attn", 0.0), ph.get("attention", 0.0),
-                ph.get("post_attn", 0.0), fetch, wb, min(1.0, misses / union)))
-            self.fetch_total_us += fetch + wb
+            ops = (list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens) + ffn_ops(m, b * q, dense, d.ep)
             if e.offload:
+                ops.append(resolve_op(m, b * q))
+            phase = dict.fromkeys(COMPUTE_PHASES + ("comm",), 0.0)
+            launches = dict.fromkeys(COMPUTE_PHASES, 0)
+            for op in ops:
+                phase[op.phase] += self.timer.time_us(op)
+                if op.phase != "comm":
+                    launches[op.phase] += op.kernels
+            n_launch = sum(launches.values())
+            ess_cost = 0.0
+            if e.offload:
+                fetch = transfer_us(b * misses, m.latent_bytes_per_token_layer, self.h2d)
+                wb = transfer_us(b * q, m.latent_bytes_per_token_layer, self.d2h)
+                on_path = {k: phase[k] + launches[k] * self.kernel_us for k in COMPUTE_PHASES}
+                union = min(m.topk_tokens * q, w.context_tokens)
+                res = overlap(e.overlap, LayerPhaseTimes(on_path["indexer"], on_path["pre_attn"],
+                                                         on_path["attention"], on_path["post_attn"], fetch, wb,
+                                                         min(1.0, misses / union), on_path["attn_in"]),
+                              self.kernel_us)
+                self.fetch_total_us += fetch + wb
                 self.strategies[res.strategy] = self.strategies.get(res.strategy, 0) + 1
-            for k in ("indexer", "pre_attn", "attention", "post_attn", "ffn"):
-                local[k] += ph.get(k, 0.0)
-            local["ess_exposed"] += res.cost_us
-            local["overhead"] += const("layer_overhead_us")
-            computes.append(sum(ph.get(k, 0.0) for k in ("indexer", "pre_attn", "attention", "post_attn", "ffn"))
-                            + res.cost_us + const("layer_overhead_us"))
-            comms.append(ph.get("comm", 0.0))
+                n_launch += ESS_LAUNCHES + res.extra_kernels
+                ess_cost = res.exposed_us
+                local["ess_exposed"] += res.exposed_us
+            for k in COMPUTE_PHASES:
+                local[k] += phase[k]
+            local["kernel_overhead"] += n_launch * self.kernel_us
+            self.kernels += n_launch
+            computes.append(sum(phase[k] for k in COMPUTE_PHASES) + n_launch * self.kernel_us + ess_cost)
+            comms.append(phase["comm"])
         total = max(sum(computes), sum(comms)) if len(mbs) > 1 else computes[0] + comms[0]
         local["comm_exposed"] = total - sum(computes)
         if key is None:
@@ -122,11 +150,18 @@ class _Stepper:
 
 
 def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = True,
-             model: ModelSpec | None = None) -> StepResult:
-    """Simulate one decode step. `check=False` skips the does-the-batch-fit error (for sweeps)."""
-    m = model or ModelSpec.deepseek_v32_exp()
+             model: ModelSpec | None = None, kernel_overhead_us: float | None = None) -> StepResult:
+    """Simulate one decode step. `check=False` skips the does-the-batch-fit error (for sweeps).
+
+    `profile` defaults to cfg.deploy.op_profile (or the shipped H200 one); `kernel_overhead_us` defaults
+    to the value fitted on the first Table 2 row for that profile (fit.py)."""
     d, w, e = cfg.deploy, cfg.work, cfg.ess
+    m = model or ModelSpec.load(d.model)
     hw = get_hardware(d.hardware)
+    prof = profile or OpProfile.load(d.op_profile)
+    prof.check(m, hw)
+    if w.mtp > 1 and m.num_mtp_layers < 1:
+        raise SimConfigError(f"mtp = {w.mtp}: model {m.name!r} has no MTP layer; expected --mtp 1")
     if e.offload and e.ratio * w.context_tokens < m.topk_tokens:
         raise SimConfigError(f"ratio = {e.ratio}: ratio x context = {e.ratio * w.context_tokens:.0f} GPU slots per "
                              f"layer, fewer than the top-k ({m.topk_tokens}) attention must hold; expected ratio >= "
@@ -134,25 +169,25 @@ def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = Tru
     mem = memory_report(m, hw, d, w, e)
     if check:
         check_fits(mem, w, e, hw.name)
-    prof = profile or AnalyticalProfile(hw)
-    st = _Stepper(cfg, m, prof)
-    decode_steps = w.output_tokens / w.accept_tokens
+    if kernel_overhead_us is None:
+        from .fit import kernel_overhead_for
+        kernel_overhead_us = kernel_overhead_for(prof)
+    st = _Stepper(cfg, m, prof.timer(hw, d.ep), kernel_overhead_us)
     misses = misses_per_layer(m.cached_layers, w.context_tokens, m.topk_tokens, e.ratio, w.mtp, e.warmup,
-                              decode_steps, e.hit_rate)
-    mbs = _micro_batches(w.batch, d.tbo)
-    step = 0.0
+                              w.output_tokens / w.accept_tokens, e.hit_rate)
+    mbs = micro_batches(w.batch, d.tbo)
+    step = st.ops_us([embed_op(m, w.batch * w.mtp)], "head")
     for layer in range(m.num_layers):
         step += st.layer_us(mbs, w.mtp, layer < m.num_dense_layers, float(misses[layer]))
-    head = prof.time_us(head_op(m, w.batch * w.mtp))
-    st.bd["head"] += head
-    step += head
-    if w.mtp > 1:   # draft extend over the mtp tokens, then mtp - 1 single-token draft passes
-        step += st.layer_us(mbs, w.mtp, False, float(misses[-1]), key="mtp_draft")
-        for _ in range(w.mtp - 1):
-            step += st.layer_us(mbs, 1, False, 0.0, key="mtp_draft")
-            t = prof.time_us(head_op(m, w.batch))
-            st.bd["mtp_draft"] += t
-            step += t
-    step += const("step_overhead_us")
-    st.bd["overhead"] += const("step_overhead_us")
-    return StepResult(cfg, step, st.bd, mem, misses, min(1.0, st.fetch_total_us / step), st.strategies)
+    step += st.ops_us(head_ops(m, w.batch * w.mtp), "head")
+    if w.mtp > 1:   # draft extend over the mtp tokens, then mtp - 2 one-token draft passes
+        mtp_misses = float(misses[m.num_layers])
+        step += st.layer_us(mbs, w.mtp, False, mtp_misses, "mtp_draft", lambda b: mtp_input_ops(m, b * w.mtp))
+        step += st.ops_us(head_ops(m, w.batch), "mtp_draft")
+        for _ in range(w.mtp - 2):
+            step += st.layer_us(mbs, 1, False, mtp_misses / w.mtp, "mtp_draft", lambda b: mtp_input_ops(m, b))
+            step += st.ops_us(head_ops(m, w.batch), "mtp_draft")
+    gap = const("step_cpu_gap_us")
+    st.bd["cpu_gap"] += gap
+    step += gap
+    return StepResult(cfg, step, st.bd, mem, misses, min(1.0, st.fetch_total_us / step), st.kernels, st.strategies)

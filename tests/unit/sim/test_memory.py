@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from sgl_ess.sim.config import DeploymentConfig, EssConfig, ModelSpec, SimConfigError, WorkloadConfig
+from sgl_ess.sim.config import DeploymentConfig, OffloadConfig, ModelSpec, SimConfigError, WorkloadConfig
 from sgl_ess.sim.constants import overridden
 from sgl_ess.sim.hardware import get_hardware
 from sgl_ess.sim.memory import (attention_params_per_layer, check_fits, gpu_bytes_per_request,
@@ -26,11 +26,11 @@ def test_bytes_per_token_all_layers_matches_design_table():
 def test_gpu_and_host_bytes_per_request_hand_cases():
     w = WorkloadConfig(context_tokens=32768)
     # r = 1: (656 + 132) B x 62 cached layers (61 + MTP) x 32768 tokens
-    assert gpu_bytes_per_request(M, w, EssConfig(ratio=1.0)) == 788 * 62 * 32768
-    assert host_bytes_per_request(M, w, EssConfig(ratio=1.0)) == 0
+    assert gpu_bytes_per_request(M, w, OffloadConfig(ratio=1.0)) == 788 * 62 * 32768
+    assert host_bytes_per_request(M, w, OffloadConfig(ratio=1.0)) == 0
     # r = 0.21: ceil(0.21 x 32768) = 6882 hot slots per layer + full indexer keys
-    assert gpu_bytes_per_request(M, w, EssConfig(ratio=0.21)) == (132 * 32768 + 6882 * 656) * 62
-    assert host_bytes_per_request(M, w, EssConfig(ratio=0.21)) == 656 * 62 * 32768
+    assert gpu_bytes_per_request(M, w, OffloadConfig(ratio=0.21)) == (132 * 32768 + 6882 * 656) * 62
+    assert host_bytes_per_request(M, w, OffloadConfig(ratio=0.21)) == 656 * 62 * 32768
 
 
 def test_weights_per_gpu_hand_sum():
@@ -45,30 +45,35 @@ def test_weights_per_gpu_hand_sum():
 
 def test_max_batch_hand_case():
     d = DeploymentConfig(gpu_mem_gb=100.0)
-    w, e = WorkloadConfig(context_tokens=32768), EssConfig(ratio=1.0)
+    w, e = WorkloadConfig(context_tokens=32768), OffloadConfig(ratio=1.0)
     with overridden(non_cache_reserve_GB=5.0):
         rep = memory_report(M, get_hardware("h200"), d, w, e)
     budget = 100e9 - weight_bytes_per_gpu(M, d).total_bytes - 5e9
     assert rep.max_batch == math.floor(budget / (788 * 62 * 32768))
 
 
-def test_paper_batches_fit_on_h200():
-    hw, d = get_hardware("h200"), DeploymentConfig()
-    r1 = memory_report(M, hw, d, WorkloadConfig(batch=52), EssConfig(ratio=1.0))
-    r2 = memory_report(M, hw, d, WorkloadConfig(batch=160), EssConfig(ratio=0.21))
-    assert 52 <= r1.max_batch <= 55          # the paper says 52; we get 54 (README explains)
-    assert r2.max_batch >= 160
+def test_fitted_reserve_makes_52_the_largest_batch_at_r1():
+    # the reserve is fitted on row 1 alone: any value in its interval gives exactly 52 at r = 1.0, 32K
+    from sgl_ess.sim.fit import fit_reserve
+    hw, d, w = get_hardware("h200"), DeploymentConfig(), WorkloadConfig(batch=52)
+    r = fit_reserve()
+    assert r.lo_gb < r.value_gb <= r.hi_gb
+    for reserve in (r.lo_gb + 1e-3, r.value_gb, r.hi_gb):
+        with overridden(non_cache_reserve_GB=reserve):
+            assert memory_report(M, hw, d, w, OffloadConfig(ratio=1.0)).max_batch == 52
+    with overridden(non_cache_reserve_GB=r.hi_gb + 0.01):
+        assert memory_report(M, hw, d, w, OffloadConfig(ratio=1.0)).max_batch == 51
 
 
 def test_host_memory_limits_batch():
-    w, e = WorkloadConfig(context_tokens=32768), EssConfig(ratio=0.21)
+    w, e = WorkloadConfig(context_tokens=32768), OffloadConfig(ratio=0.21)
     per_node = 656 * 62 * 32768 * 8
     rep = memory_report(M, get_hardware("h200"), DeploymentConfig(host_mem_gb=per_node * 100 / 1e9), w, e)
-    assert rep.max_batch == 100
+    assert rep.max_batch == rep.max_batch_host == 100 < rep.max_batch_gpu
 
 
 def test_batch_that_does_not_fit_names_max_and_flag():
-    w, e = WorkloadConfig(batch=60), EssConfig(ratio=1.0)
+    w, e = WorkloadConfig(batch=60), OffloadConfig(ratio=1.0)
     rep = memory_report(M, get_hardware("h200"), DeploymentConfig(), w, e)
     with pytest.raises(SimConfigError, match=rf"largest batch that fits is {rep.max_batch}.*--batch"):
         check_fits(rep, w, e, "h200")
@@ -76,7 +81,7 @@ def test_batch_that_does_not_fit_names_max_and_flag():
 
 def test_weights_that_do_not_fit_say_so():
     d = DeploymentConfig(gpu_mem_gb=30.0)
-    w, e = WorkloadConfig(), EssConfig()
+    w, e = WorkloadConfig(), OffloadConfig()
     rep = memory_report(M, get_hardware("h200"), d, w, e)
     with pytest.raises(SimConfigError, match="no cache fits"):
         check_fits(rep, w, e, "h200")
@@ -84,12 +89,12 @@ def test_weights_that_do_not_fit_say_so():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"ratio": 0.0}, "ratio"), ({"ratio": 1.2}, "ratio"), ({"ratio": -0.5}, r"\(0, 1\]"),
-    ({"overlap": "half"}, "--overlap"), ({"pcie_h2d_gibps": -1.0}, "--pcie-h2d-gibps"),
+    ({"overlap": "half"}, "--overlap"), ({"pcie_h2d_gbps": -1.0}, "--pcie-h2d-gbps"),
     ({"hit_rate": 1.5}, "--hit-rate"),
 ])
 def test_bad_ess_config(kwargs, match):
     with pytest.raises(SimConfigError, match=match):
-        EssConfig(**kwargs)
+        OffloadConfig(**kwargs)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -1,0 +1,122 @@
+"""The protocol commands: validate (held-out errors), fit (row 1 only), constants (one table of every
+constant with its kind and source) and profile (load and summarize an op profile)."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from .config import ModelSpec, SimConfigError
+from .constants import all_constants
+from .fit import fit_reserve, fitted_now, stored_fit, write_constants
+from .hardware import get_hardware
+from .ops import attention_ops, embed_op, ffn_ops, head_ops, mtp_input_ops, resolve_op
+from .profile import OpProfile
+from .validate import checks, fit_summary, worst
+
+KIND_ORDER = {"sourced": 0, "paper": 1, "derived": 2, "prior": 3, "fitted": 4}
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    prof = OpProfile.load(args.op_profile)
+    rows, fs = checks(prof), fit_summary(prof)
+    w = worst(rows)
+    if args.json:
+        print(json.dumps({"profile": prof.name, "fit": fs,
+                          "checks": [dict(asdict(r), error=round(r.error, 2)) for r in rows],
+                          "worst": {k: dict(asdict(v), error=round(v.error, 2)) for k, v in w.items()}}, indent=1))
+        return 0
+    row = fs["row"]
+    print(f"op profile: {prof.name}")
+    print(f"fitted on Table 2 row 1 only (32K, MTP 2, batch {row['batch']}, r={row['ratio']}, "
+          f"{row['tokens_per_s']} tok/s/node): kernel_overhead_us = {fs['kernel_overhead_us']:.2f} x "
+          f"{fs['kernels_per_step']} launches per step = {fs['overhead_share_of_step']:.0%} of that step; "
+          f"without it the model gives {fs['unfitted_tokens_per_s']:.0f} tok/s ({fs['unfitted_error_pct']:+.1f}%)")
+    r = fit_reserve()
+    print(f"non_cache_reserve_GB = {r.value_gb} (batch 52 is the largest that fits for {r.lo_gb:.2f} < reserve <= "
+          f"{r.hi_gb:.2f} GB)\n")
+    width = max(len(c.point) for c in rows)
+    print(f"{'held-out point':<{width}} {'published':>10} {'simulated':>10} {'unit':>10} {'error':>9}")
+    for c in rows:
+        print(f"{c.point:<{width}} {c.published:>10.1f} {c.simulated:>10.1f} {c.unit:>10} {c.error_text:>9}")
+    print("\nworst error per kind (goal: 10% on throughput, 10 points on gain):")
+    for k, c in w.items():
+        print(f"  {k:<10} {c.error_text:>9}  {c.point}")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    now, stored = fitted_now(), stored_fit()
+    if args.write:
+        path = write_constants(now)
+    if args.json:
+        print(json.dumps({"fitted": now, "stored": stored, "reserve_interval": asdict(fit_reserve())}, indent=1))
+        return 0
+    print(f"fitted on Table 2 row 1 (nothing else): {now}")
+    print(f"stored in data/constants.json:          {stored}")
+    if args.write:
+        print(f"wrote {path}")
+    return 0
+
+
+def constant_rows(prof: OpProfile) -> list[dict]:
+    rows = []
+    for name, c in (prof.constants or {}).items():
+        rows.append({"name": name, "where": f"op profile {prof.name}", **c})
+    for name, c in all_constants().items():
+        rows.append({"name": name, "where": "data/constants.json", **c})
+    return sorted(rows, key=lambda r: (KIND_ORDER.get(r["kind"], 9), r["where"], r["name"]))
+
+
+def _short(value) -> str:
+    if isinstance(value, list):
+        return f"[{len(value)} rows]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(prof: OpProfile) -> str:
+    """The one table of constants (the README embeds this output verbatim)."""
+    lines = ["| constant | value | unit | kind | source |", "| --- | --- | --- | --- | --- |"]
+    for r in constant_rows(prof):
+        src = r["source"].replace("|", "/")
+        lines.append(f"| `{r['name']}` | {_short(r['value'])} | {r['unit']} | {r['kind']} | {src} |")
+    return "\n".join(lines)
+
+
+def cmd_constants(args: argparse.Namespace) -> int:
+    prof = OpProfile.load(args.op_profile)
+    if args.json:
+        print(json.dumps(constant_rows(prof), indent=1))
+    else:
+        print(markdown_table(prof))
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    prof = OpProfile.load(args.source)
+    model = ModelSpec.load(args.model or prof.model_name or "deepseek_v32_exp")
+    if prof.tables:
+        prof.check(model, get_hardware(prof.hardware))
+    print(f"profile {prof.name} ({prof.source}): hardware {prof.hardware}, "
+          f"{len(prof.constants or {})} constants, {len(prof.tables)} tables"
+          + (f", measured at model {prof.model_name}" if prof.model_name else ""))
+    if prof.meta:
+        print(f"  written by: {prof.meta.get('command')} at commit {str(prof.meta.get('commit'))[:12]} "
+              f"(dirty: {prof.meta.get('dirty')})")
+    ops = attention_ops(model, 1, 1, 1024) + ffn_ops(model, 1, False, 32) + ffn_ops(model, 1, True, 32) \
+        + head_ops(model, 1) + [embed_op(model, 1), resolve_op(model, 1)]
+    if model.num_mtp_layers:
+        ops += mtp_input_ops(model, 1)
+    names = {op.name: op for op in ops}
+    for name, t in sorted(prof.tables.items()):
+        known = "" if name in names else "  (not an op of the simulator: unused)"
+        print(f"  {name:<18} x={t.x_unit:<10} {len(t.x)} points, {t.x[0]:g}..{t.x[-1]:g} -> "
+              f"{t.us[0]:.1f}..{t.us[-1]:.1f} us{known}")
+    missing = [n for n, op in names.items() if n not in prof.tables and op.kind not in ("dispatch", "combine")]
+    if prof.tables and missing:
+        how = "the structured model (constants)" if prof.constants else "nothing: simulating them fails"
+        print(f"  ops without a table, timed by {how}: {', '.join(missing)}")
+    if prof.constants is None and missing:
+        raise SimConfigError(f"profile {prof.source}: ops {', '.join(missing)} have no table and the profile has no "
+                             f"constants or base; expected full coverage; fix --op-profile")
+    return 0

@@ -10,6 +10,7 @@ import importlib
 import sys
 
 SUITES = {"store": "bench.store_bench", "sim": "bench.sim_report", "serving": "bench.serving_suite"}
+SUITES["ops"] = "bench.ops_bench"   # operator profile for the simulator (bench/ops_bench.py)
 
 
 def main() -> int:

@@ -24,6 +24,7 @@ import argparse
 import math
 import shutil
 import statistics
+import sys
 import time
 
 import torch
@@ -204,7 +205,8 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also copy the result to this path")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda: torch sees no CUDA device; expected a GPU machine; use --device cpu")
+        print("error: --device cuda: torch sees no CUDA device; expected a GPU machine; use --device cpu",
+              file=sys.stderr)
         return 2
     model_name, requests_list, q, contexts, ep = PRESETS[args.device]
     m = ModelSpec.load(args.model or model_name)

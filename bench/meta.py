@@ -19,12 +19,14 @@ def run_metadata() -> dict:
                                   cwd=RESULTS.parent).stdout.strip() or None
         except Exception:
             return None
+    from importlib.metadata import PackageNotFoundError, version
+
     versions = {"python": platform.python_version()}
-    for mod in ("sgl_ess", "torch", "numpy", "sglang", "triton"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:
-            versions[mod] = None
+    for dist in ("sgl-ess", "torch", "numpy", "sglang", "triton"):
+        try:   # package metadata: importing sglang itself would cost ~15 s
+            versions[dist.replace("-", "_")] = version(dist)
+        except PackageNotFoundError:
+            versions[dist.replace("-", "_")] = None
     try:
         import torch
         cuda = torch.cuda.is_available()

@@ -29,6 +29,7 @@ ENV_CONFIG_JSON = "SGLESS_CONFIG"  # validated config, JSON; set by the launcher
 
 OFFLOAD_TARGETS = ("cpu_memory",)
 OVERLAP_LEVELS = ("none", "da", "dba", "full")
+PREFETCH_ENGINES = ("worker", "inline")
 ATTENTION_MODES = ("sparse",)
 
 
@@ -53,10 +54,22 @@ FIELDS: tuple[EssField, ...] = (
              "Keep the latent history in the host pool and only top-k hot rows per request on the device. "
              "false = SGLang's own layout (every latent in the device pool)."),
     EssField("offload_target", str, "cpu_memory", "Where the full latent history lives.", OFFLOAD_TARGETS),
-    EssField("prefetch_overlap_level", str, "none",
-             "Hide host->device fetches behind compute: none | da (dual attention) | dba (dual-batch attention) "
-             "| full (per-layer choice from the offline profile). This build runs fetches synchronously "
-             "('none') whatever the level; the level is recorded and reported.", OVERLAP_LEVELS),
+    EssField("prefetch_overlap_level", str, "da",
+             "Hide host->device fetches behind compute: none (fetch, then attend) | da (dual attention: attend "
+             "to the resident rows while the misses are in flight, merge by log-sum-exp) | dba (dual-batch: "
+             "split the batch in two, each half's fetch hides behind the other's indexer and attention) | full "
+             "(per-layer choice from --ess-overlap-profile).", OVERLAP_LEVELS),
+    EssField("prefetch_engine", str, "worker",
+             "Who moves rows: worker (a prefetch process per model runner, coordinated over ZMQ, sharing the host "
+             "pool and staging ring) | inline (the scheduler thread itself; the fallback).", PREFETCH_ENGINES),
+    EssField("overlap_profile", str, "",
+             "JSON file with the per-layer overlap mode for prefetch_overlap_level=full (write one with "
+             "`python -m bench prefetch --write-profile FILE`). Empty = the packaged profile "
+             "(sgl_ess/attention/profiles/default.json, measured on a 2-core CPU)."),
+    EssField("ring_slots", int, 0,
+             "Staging-ring rows per ring group (landed misses wait here until committed to their LRU slots). "
+             "0 = max-running-requests x index_topk / 8. A full ring places the overflow straight in hot slots.",
+             minimum=0),
     EssField("max_gpu_buffer_size_gb", float, 0.0,
              "Device memory for all hot buffers together, in GB. 0 = derive from --ess-hot-slots-per-request "
              "x --max-running-requests.", minimum=0.0),
@@ -66,6 +79,13 @@ FIELDS: tuple[EssField, ...] = (
     EssField("hot_slots_per_request", int, 0,
              "Device latent slots per request per layer (the hot buffer). Must be >= the model's index_topk + 1. "
              "0 = derive from --ess-max-gpu-buffer-size-gb, else 4 x index_topk.", minimum=0),
+    EssField("speculative_prefetch", str, "off",
+             "Speculative prefetch tier: stage rows a later layer will probably select, with spare bandwidth only "
+             "(never needed for correctness): off | next_layer (layer l+1 selects what layer l selected).",
+             ("off", "next_layer")),
+    EssField("spec_slots", int, 0,
+             "Rows per layer parity for speculative staging. 0 = max-running-requests x index_topk / 8 when "
+             "speculative_prefetch is on.", minimum=0),
     EssField("warmup_queries", int, 32,
              "Prefill query positions whose top-k ids pre-load the hot buffer before the first decode step.",
              minimum=0),
@@ -80,10 +100,15 @@ FIELD_BY_NAME = {f.name: f for f in FIELDS}
 class EssConfig:
     enabled: bool = True
     offload_target: str = "cpu_memory"
-    prefetch_overlap_level: str = "none"
+    prefetch_overlap_level: str = "da"
+    prefetch_engine: str = "worker"
+    overlap_profile: str = ""
+    ring_slots: int = 0
     max_gpu_buffer_size_gb: float = 0.0
     memory_pool_size_gb: float = 0.0
     hot_slots_per_request: int = 0
+    speculative_prefetch: str = "off"
+    spec_slots: int = 0
     warmup_queries: int = 32
     enable_mtp: bool = False
     enable_two_batch_overlap: bool = False
@@ -197,6 +222,11 @@ def build_config(yaml_path: str | None = None, flags: Mapping[str, Any] | None =
 
 
 def _check_consistency(cfg: EssConfig) -> None:
+    if cfg.overlap_profile:
+        import os
+
+        if not os.path.isfile(cfg.overlap_profile):
+            raise EssConfigError(f"key 'overlap_profile': file {cfg.overlap_profile!r} does not exist")
     if cfg.enable_mtp:
         raise EssConfigError("key 'enable_mtp': got true; this build supports false only (MTP with ESS is not implemented)")
     if cfg.enable_two_batch_overlap:

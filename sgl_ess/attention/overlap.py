@@ -38,8 +38,12 @@ class OverlapProfile:
     modes: list[str]
     source: dict = field(default_factory=dict)
 
-    def mode(self, layer: int) -> str:
-        return self.modes[layer] if layer < len(self.modes) else self.modes[-1]
+    def mode(self, layer: int, num_layers: int | None = None) -> str:
+        """Mode of `layer`; a profile measured on a different depth is stretched to `num_layers`
+        (the per-layer miss profile keeps its shape, ESS.md §3)."""
+        if num_layers and num_layers != len(self.modes):
+            layer = min(len(self.modes) - 1, layer * len(self.modes) // num_layers)
+        return self.modes[min(layer, len(self.modes) - 1)]
 
     @classmethod
     def load(cls, path: str) -> "OverlapProfile":
@@ -64,7 +68,7 @@ class OverlapProfile:
         return json.dumps({"format": PROFILE_FORMAT, "layers": self.modes, "source": self.source}, indent=1)
 
 
-def layer_mode(level: str, layer: int, profile: OverlapProfile | None) -> str:
+def layer_mode(level: str, layer: int, profile: OverlapProfile | None, num_layers: int | None = None) -> str:
     if level not in LEVELS:
         raise ValueError(f"overlap level {level!r}: expected one of {', '.join(LEVELS)}")
     if level != "full":
@@ -72,7 +76,7 @@ def layer_mode(level: str, layer: int, profile: OverlapProfile | None) -> str:
     if profile is None:
         raise ValueError("overlap level 'full' needs a per-layer profile: --ess-overlap-profile FILE "
                          "(write one with `python -m bench prefetch --write-profile FILE`)")
-    return profile.mode(layer)
+    return profile.mode(layer, num_layers)
 
 
 def split_halves(b: int) -> list[slice]:

@@ -7,7 +7,7 @@ Module map:
   indexer_torch.py         exact pure-torch DSA lightning indexer (CPU path of ``Indexer.forward_native``)
   backend_registration.py  registers the ``ess`` attention backend and builds the store in each scheduler
   ess_backend.py           the ``ess`` sparse-MLA attention backend (top-k rows; ESS off: device pool, on: store)
-  latent_store.py          adapter between SGLang's pools/requests and ``sgl_ess.store.LatentStore``
+  pool_adapter.py          adapter between SGLang's pools/requests and ``sgl_ess.store.LatentStore``
   lifecycle.py             frees hot buffers / host rows on finish, abort, retract, flush; usage into internal state
   dummy_init.py            unit-variance random weights for the embedded model (``SGLESS_DUMMY_INIT=scaled``)
   server_args.py           ``python -m sgl_ess.launch_server``: ``--ess-*`` flags, defaults, ``/ess/status``

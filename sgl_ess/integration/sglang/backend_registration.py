@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 def create_ess_backend(runner):
     from .ess_backend import EssSparseAttnBackend
-    from .latent_store import EssLatentStore
+    from .pool_adapter import EssPoolAdapter
 
     cfg = config_from_env() or EssConfig()
     if str(runner.device).startswith("cuda") and not cfg.enabled:
@@ -24,11 +24,10 @@ def create_ess_backend(runner):
             "(python -m sgl_ess.launch_server picks it for you)")
     store = None
     if cfg.enabled:
-        store = lifecycle.active_store()
+        store = lifecycle.adapter_for(runner)     # one store per model runner, owned by it
         if store is None:
-            store = EssLatentStore(runner, cfg)
-            store.allocator = runner.token_to_kv_pool_allocator
-            lifecycle.set_active_store(store)
+            store = EssPoolAdapter(runner, cfg)
+            lifecycle.register_adapter(store)
     logger.info("ess attention backend: ESS %s", "on" if store is not None else "off")
     return EssSparseAttnBackend(runner, store)
 

@@ -8,14 +8,16 @@ v ``[T, 1, R]``, and ``topk_indices`` int32 ``[T, k]`` of token positions from t
 
 Where rows are read from:
   ESS off  SGLang's own device pool (``DSATokenToKVPool.kv_buffer``), via ``req_to_token``.
-  ESS on   extend: the host pool (full history); decode: the request's hot buffer through
-           ``LatentStore.resolve`` (misses fetched host -> device inside).
-The math is the same gather + softmax on the same bytes in the same order, so ESS on and
-off produce identical outputs.
+  ESS on   extend: the host pool (full history); decode: hits from the request's hot buffer,
+           misses from the staging ring they are fetched into (``EssPoolAdapter.decode``: the
+           fetch was submitted right after the indexer and hides behind compute per
+           ``prefetch_overlap_level``).
+The math is the same gather + softmax on the same bytes in the same order (float64
+accumulation, so DA's log-sum-exp merge rounds to the same bf16 output), so ESS on and off
+produce identical outputs.
 
 Torch path (CPU). On CUDA this backend is not used with ESS off (SGLang's ``dsa`` backend
-and kernels serve); the CUDA ESS path (FlashInfer sparse MLA over the slot table) is not
-built yet and is refused at start.
+and kernels serve).
 """
 
 from __future__ import annotations
@@ -28,18 +30,21 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sgl_ess.attention.reference import attend
 
-from .latent_store import EssLatentStore
+from .pool_adapter import EssPoolAdapter
+
+
+ACC_DTYPE = torch.float64
 
 
 def sparse_mla(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, v_dim: int, scaling: float) -> torch.Tensor:
-    """Absorbed MLA over gathered latent rows (sgl_ess.attention.reference.attend, fp32).
+    """Absorbed MLA over gathered latent rows (sgl_ess.attention.reference.attend, float64).
 
     q:     [T, H, D] latent query (D = R + P), any float dtype
     rows:  [T, k, D] gathered latent rows (same dtype as the cache)
     valid: [T, k] bool, False for -1 padding
     returns [T, H, v_dim] in q's dtype.
     """
-    out, _ = attend(q, rows, valid, v_dim, scaling)
+    out, _ = attend(q, rows, valid, v_dim, scaling, ACC_DTYPE)
     return out.to(q.dtype)
 
 
@@ -59,7 +64,7 @@ def dense_topk_positions(seq_lens: list[int], n_q: list[int], device) -> torch.T
 
 
 class EssSparseAttnBackend(AttentionBackend):
-    def __init__(self, model_runner, store: Optional[EssLatentStore]):
+    def __init__(self, model_runner, store: Optional[EssPoolAdapter]):
         super().__init__()
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
@@ -82,6 +87,8 @@ class EssSparseAttnBackend(AttentionBackend):
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
         loc = forward_batch.out_cache_loc
+        if self.store is not None:
+            self.store.fence_host()
         if save_kv_cache and k is not None:
             self._save(layer, loc, k, v)
         seq_lens = forward_batch.seq_lens.tolist()
@@ -99,6 +106,8 @@ class EssSparseAttnBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
         loc = forward_batch.out_cache_loc
+        if self.store is not None:
+            self.store.fence_host()           # released rows are zeroed before anything rewrites them
         if save_kv_cache and k is not None:
             self._save(layer, loc, k, v)
         seq_lens = forward_batch.seq_lens
@@ -108,16 +117,19 @@ class EssSparseAttnBackend(AttentionBackend):
         req_rows = forward_batch.req_pool_indices.long()
         if self.store is None:
             return self._attend(q, layer, topk_indices, req_rows, self._cache_rows(layer))
+        d = self.kv_lora_rank + self.rope_dim
+        q3 = q.reshape(-1, layer.tp_q_head_num, d)
         # the newest row: exactly the bytes SGLang just stored in the host pool
-        self.store.admit(layer.layer_id, req_rows, seq_lens.long() - 1, self._cache_rows(layer)[loc.long()])
-        slots = self.store.resolve(layer.layer_id, req_rows, seq_lens, topk_indices,
-                                   self.req_to_token_pool.req_to_token)
-        return self._attend_slots(q, layer, slots, self.store.hot_rows(layer.layer_id))
+        newest = self._cache_rows(layer)[loc.long()]
+        out = self.store.decode(id(forward_batch), layer.layer_id, q3, req_rows, seq_lens, topk_indices, newest,
+                                self.req_to_token_pool.req_to_token,
+                                lambda qq, rows, slots: self._attend_rows(qq, layer, rows, slots))
+        return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
 
     # --- internals ---------------------------------------------------------------------
     def _save(self, layer, loc, k, v):
         # The DSA pool holds one packed latent row per token (nope ++ rope); k is that row.
-        # With ESS on, the pool's latent buffers ARE the store's host pool (latent_store.py).
+        # With ESS on, the pool's latent buffers ARE the store's host pool (pool_adapter.py).
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
         self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
@@ -135,11 +147,11 @@ class EssSparseAttnBackend(AttentionBackend):
         rows = cache_rows[locs]
         return self._mla(q, layer, rows, valid)
 
-    def _attend_slots(self, q, layer, slots, hot_rows):
-        """slots int [b, k] into the hot buffer (-1 padded)."""
-        valid = slots >= 0
-        rows = hot_rows[slots.long().clamp(min=0)]
-        return self._mla(q, layer, rows, valid)
+    def _attend_rows(self, q3, layer, slot_rows, slots):
+        """q3 [b, H, D]; slot_rows uint8 [S, row_bytes] (the store's slot space); slots int32 [b, k]
+        (-1 excluded) -> (out, lse) in float64."""
+        rows = self.store.as_latent(slot_rows)[slots.long().clamp(min=0)]
+        return attend(q3, rows, slots >= 0, self.kv_lora_rank, layer.scaling, ACC_DTYPE)
 
     def _mla(self, q, layer, rows, valid):
         d = self.kv_lora_rank + self.rope_dim

@@ -152,6 +152,7 @@ def indexer_forward_native(self, x, q_lora, positions, forward_batch, layer_id, 
     req_to_token = get_req_to_token_pool().req_to_token
     rows = forward_batch.req_pool_indices.tolist()
     qf = q8.float()
+    handoff = _EarlyHandoff(forward_batch, layer_id, out, req_to_token)
     for i, t0, n_q, kv_len in _per_request_spans(forward_batch):
         if n_q == 0 or kv_len == 0:
             continue
@@ -166,4 +167,26 @@ def indexer_forward_native(self, x, q_lora, positions, forward_batch, layer_id, 
         vals, idx = logits.topk(k_eff, dim=-1)
         idx = idx.to(torch.int32).masked_fill(vals == -math.inf, -1)
         out[t0:t0 + n_q, :k_eff] = idx
+        handoff.row_done(i)
     return out
+
+
+class _EarlyHandoff:
+    """Hands each finished slice of a decode batch's top-k to the ESS store (if the batch's
+    attention backend has one), so the misses' fetch starts while the indexer still runs."""
+
+    def __init__(self, forward_batch, layer_id, out, req_to_token):
+        self.parts = []
+        store = getattr(getattr(forward_batch, "attn_backend", None), "store", None)
+        mode = forward_batch.forward_mode
+        if store is None or not mode.is_decode():
+            return
+        self.store, self.fb, self.layer, self.out, self.r2t = store, forward_batch, layer_id, out, req_to_token
+        self.parts = store.early_parts(layer_id, forward_batch.batch_size)
+
+    def row_done(self, i: int) -> None:
+        for p, part in enumerate(self.parts):
+            if part.stop == i + 1:
+                fb = self.fb
+                self.store.early_plan(id(fb), self.layer, fb.req_pool_indices[part].long(), fb.seq_lens[part],
+                                      self.out[part], self.r2t, p)

@@ -1,8 +1,11 @@
 """Frees ESS memory when SGLang frees its own: request rows (finish, abort, retract) and token
 pages (request end without caching, radix-cache eviction, flush).
 
-The process-wide active store is set by the ``ess`` backend factory (one model runner per
-scheduler process); with ESS off there is none and every hook is a no-op.
+One store adapter per model runner (a speculative draft runner in the same process gets its
+own: its latent rows differ from the target's). The ``ess`` backend factory registers each
+adapter with the request pool and token allocator it serves; the hooks reach exactly the
+adapters of the pool / allocator SGLang is freeing. With ESS off there are none and every hook
+is a no-op.
 """
 
 from __future__ import annotations
@@ -15,41 +18,63 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from . import targets
 
-_active = None  # Optional[EssLatentStore]
+_adapters: list = []          # every EssPoolAdapter of this process, target runner first
 
 
-def set_active_store(store) -> None:
-    global _active
-    _active = store
+def adapter_for(runner):
+    """The adapter already built for `runner` (backends are built more than once per runner)."""
+    for a in _adapters:
+        if a.runner_id == id(runner):
+            return a
+    return None
+
+
+def register_adapter(adapter) -> None:
+    _adapters.append(adapter)
+
+
+def all_adapters() -> list:
+    return list(_adapters)
 
 
 def active_store():
-    return _active
+    """The target model runner's adapter (the first built), or None with ESS off."""
+    return _adapters[0] if _adapters else None
 
 
 def _after_free_rows(result, pool, indices, *args, **kwargs):
-    if _active is not None:
-        _active.close_rows([int(i) for i in indices])
+    for a in _adapters:
+        if a.req_pool is pool:
+            a.close_rows([int(i) for i in indices])
     return result
 
 
+def _page_locs(allocator, page_ids) -> torch.Tensor:
+    ids = torch.cat([p.reshape(-1) for p in page_ids]).long().cpu()
+    ps = allocator.page_size
+    return (ids[:, None] * ps + torch.arange(ps)[None, :]).reshape(-1)
+
+
 def _before_release_pages(allocator, *page_ids, **kwargs):
-    if _active is not None and page_ids:
-        ids = torch.cat([p.reshape(-1) for p in page_ids]).long().cpu()
-        if ids.numel():
-            ps = allocator.page_size
-            locs = (ids[:, None] * ps + torch.arange(ps)[None, :]).reshape(-1)
-            _active.clear_locs(locs)
+    if not page_ids:
+        return None
+    for a in _adapters:
+        if a.allocator is allocator:
+            locs = _page_locs(allocator, page_ids)
+            if locs.numel():
+                a.clear_locs(locs)
     return None
 
 
 def _before_allocator_clear(allocator, *args, **kwargs):
-    if _active is not None:
-        _active.clear_locs(torch.arange(_active.store_cfg.host_capacity_tokens))
+    for a in _adapters:
+        if a.allocator is allocator:
+            a.clear_locs(torch.arange(a.store_cfg.host_capacity_tokens))
     return None
 
 
 def _after_internal_state(result, *args, **kwargs):
+    _active = active_store()
     if _active is not None:
         result.internal_state["ess"] = _active.usage()
     else:

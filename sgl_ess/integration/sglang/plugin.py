@@ -21,12 +21,13 @@ def load_plugin() -> None:
     _loaded = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import backend_registration, cpu_fixes, dummy_init, lifecycle, targets
+    from . import backend_registration, cpu_fixes, dummy_init, lifecycle, runtime_config, targets
     from .indexer_torch import indexer_forward_native
 
     cpu_fixes.register()
     HookRegistry.register(targets.INDEXER_FORWARD_NATIVE, indexer_forward_native, HookType.REPLACE)
     backend_registration.register()
     lifecycle.register()
+    runtime_config.register()
     dummy_init.register()
     logger.info("sgl-ess plugin loaded (ess attention backend, torch DSA indexer, lifecycle hooks)")

@@ -6,22 +6,29 @@ Memory ownership (ESS on):
     rows, so SGLang's token allocator hands out host locations, ``req_to_token`` is the
     token -> host-location map, and SGLang's radix cache shares host rows between requests
     unchanged. T = SGLang pool size + one page (its padded slots).
-  * The hot buffers (``LatentStore.hot``, R x N slots per layer) are the only latent memory
-    on the device; R = SGLang's request rows (``req_pool_idx``, row 0 is SGLang's padding).
+  * The slot space (``LatentStore.slots``: R x N hot slots per layer + the staging rings) is
+    the only latent memory on the device; R = SGLang's request-pool size (``req_pool_idx``,
+    index 0 is SGLang's padding).
+  * The fetch engine (``--ess-prefetch-engine``: a prefetch worker process, or inline) moves
+    misses host -> ring; it is stopped with the scheduler process.
   * SGLang's index-key pool (lightning-indexer keys for every token) stays on the device.
 
-Lifecycle: ``after_extend`` opens and warms a request's hot buffer (last prefill chunk wins),
-``resolve`` runs every decode step and layer, ``close`` runs when SGLang frees the request
-row (finish, abort, retract), ``clear_locs`` when SGLang frees token pages (rows hold user data).
+Lifecycle: ``after_extend`` opens and warms a request's hot buffer (last prefill chunk wins);
+every decode step and layer, ``early_plan`` (called by the indexer as soon as a (half-)batch's
+top-k exists) submits the misses' fetch and ``decode`` runs the attention with the overlap
+level's schedule; ``close`` runs when SGLang frees the request row (finish, abort, retract),
+``clear_locs`` when SGLang frees token pages (rows hold user data).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import torch
 
+from sgl_ess.attention.overlap import OverlapProfile, decode_layer, layer_mode, plan_layer, split_halves
 from sgl_ess.config import EssConfig
 
 logger = logging.getLogger(__name__)
@@ -44,7 +51,18 @@ def derive_hot_slots(cfg: EssConfig, topk: int, layers: int, row_bytes: int, max
     return n
 
 
-class EssLatentStore:
+DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "attention",
+                               "profiles", "default.json")
+
+
+def load_profile(cfg: EssConfig) -> OverlapProfile:
+    path = cfg.overlap_profile or DEFAULT_PROFILE
+    prof = OverlapProfile.load(path)
+    logger.info("ESS overlap level full: per-layer modes %s from %s", prof.modes, path)
+    return prof
+
+
+class EssPoolAdapter:
     """One per model runner (scheduler process). Thread-safe for the calls SGLang makes."""
 
     def __init__(self, model_runner, cfg: EssConfig):
@@ -67,10 +85,20 @@ class EssLatentStore:
             num_layers=self.layers, row_bytes=self.row_bytes,
             host_capacity_tokens=pool.kv_buffer[0].shape[0], hot_slots_per_request=hot,
             max_requests=max_requests, topk=self.topk, max_context_tokens=req_to_token.shape[1],
-            device=str(model_runner.device), warmup_window=cfg.warmup_queries)
-        self.store = LatentStore(self.store_cfg)
-        self.allocator = None
-        self._lock = threading.Lock()
+            device=str(model_runner.device), warmup_window=cfg.warmup_queries, ring_slots=cfg.ring_slots,
+            spec_slots=(cfg.spec_slots or max(self.topk, max_requests * self.topk // 8))
+            if cfg.speculative_prefetch != "off" else 0)
+        self.cfg = cfg
+        self.level = cfg.prefetch_overlap_level
+        self.profile = load_profile(cfg) if self.level == "full" else None
+        self.store = LatentStore(self.store_cfg, engine=cfg.prefetch_engine, speculative=cfg.speculative_prefetch)
+        self.runner_id = id(model_runner)
+        self.req_pool = model_runner.req_to_token_pool
+        self.allocator = model_runner.token_to_kv_pool_allocator
+        self._lock = threading.RLock()
+        self.plans_early = 0      # plans submitted by the indexer hand-off (fetch hidden behind compute)
+        self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
+        self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
         self._alias_pool_to_host(pool)
         logger.info("ESS store: %d layers x %d host rows x %d B (host %.1f MB), hot %d slots/request x %d rows "
                     "(device %.2f MB)", self.layers, self.store_cfg.host_capacity_tokens, self.row_bytes,
@@ -111,21 +139,76 @@ class EssLatentStore:
                     self.store.open(row)
             self.store.warmup(layer, r, s, ids, req_to_token)
 
-    def resolve(self, layer: int, rows: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
-                req_to_token: torch.Tensor) -> torch.Tensor:
+    def mode(self, layer: int) -> str:
+        return layer_mode(self.level, layer, self.profile, self.layers)
+
+    def set_level(self, level: str) -> None:
+        """Switch the overlap level (runtime_config.py); 'full' loads the profile on first use."""
         with self._lock:
-            return self.store.resolve(layer, rows, seq_lens, topk, req_to_token, validate=layer == 0)
+            if level == "full" and self.profile is None:
+                self.profile = load_profile(self.cfg)
+            logger.info("ESS overlap level %s -> %s", self.level, level)
+            self.level = level
 
-    def admit(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, latent: torch.Tensor) -> None:
-        """The decode step's newest latent rows ([b, kv_dim] in the cache dtype, as SGLang just
-        wrote them to the host pool) go straight into hot slots: no fetch-back as a miss."""
-        data = latent.contiguous().view(torch.uint8).reshape(latent.shape[0], self.row_bytes)
-        with self._lock:  # the batch is checked once per step (layer 0), not on every layer
-            self.store.admit(layer, rows, positions, data, validate=layer == 0)
+    def early_parts(self, layer: int, batch_size: int) -> list[slice]:
+        """How the indexer should hand over its top-k: one slice per plan ([] for mode 'none')."""
+        mode = self.mode(layer)
+        if mode == "none":
+            return []
+        return split_halves(batch_size) if mode == "dba" else [slice(0, batch_size)]
 
-    def hot_rows(self, layer: int) -> torch.Tensor:
-        """[R*N, kv_dim] view of this layer's hot slots, in the cache dtype."""
-        return self.store.layer_rows(layer).view(self.dtype).view(-1, self.kv_dim)
+    def early_plan(self, batch_key: int, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor,
+                   topk: torch.Tensor, req_to_token: torch.Tensor, part: int) -> None:
+        """Called by the indexer as soon as the top-k of slice `part` of the decode batch exists
+        (see `early_parts`): reserve the newest tokens' slots and submit the misses' fetch, so it
+        hides behind the rest of the layer's compute (and, for DBA, the other half's indexer).
+        `batch_key` identifies the forward batch; `decode` uses the plans only for that batch."""
+        with self._lock:
+            key, plans, newest = self._early.get(layer, (None, [], []))
+            if key != batch_key:                   # plans of an abandoned forward: never reused
+                self._discard_early(layer)
+                key, plans, newest = batch_key, [], []
+                self._early[layer] = (key, plans, newest)
+            newest.append(self.store.reserve(layer, reqs, seq_lens - 1, validate=layer == 0))
+            plans.append(self.store.plan(layer, reqs, seq_lens, topk, req_to_token, micro_batch=part,
+                                         validate=layer == 0))
+            self.plans_early += 1
+
+    def _discard_early(self, layer: int) -> None:
+        old = self._early.pop(layer, None)
+        if old:
+            for step in old[1]:
+                self.store.commit(step)            # land and commit: the LRU state already counts them
+
+    def decode(self, batch_key: int, layer: int, q3: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor,
+               topk: torch.Tensor, newest: torch.Tensor, req_to_token: torch.Tensor, attend) -> torch.Tensor:
+        """One layer's decode attention over the store. q3 [b, H, D]; newest [b, kv_dim] (the
+        step's new latent rows, cache dtype); returns out float [b, H, R]."""
+        mode = self.mode(layer)
+        data = newest.contiguous().view(torch.uint8).reshape(newest.shape[0], self.row_bytes)
+        with self._lock:
+            early = self._early.get(layer)
+            if early is not None and early[0] != batch_key:
+                self._discard_early(layer)
+                early = None
+            self._early.pop(layer, None)
+            if early is None:
+                rows = self.store.reserve(layer, reqs, seq_lens - 1, validate=layer == 0)
+                self.store.slot_rows.index_copy_(0, rows, data)
+                plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token, validate=layer == 0)
+                self.plans_late += len(plans)
+            else:
+                _, plans, rows = early
+                self.store.slot_rows.index_copy_(0, torch.cat(rows), data)
+            return decode_layer(self.store, mode, q3, plans, attend)
+
+    def as_latent(self, slot_rows: torch.Tensor) -> torch.Tensor:
+        """[S, kv_dim] view of slot rows (uint8) in the cache dtype."""
+        return slot_rows.view(self.dtype).view(-1, self.kv_dim)
+
+    def fence_host(self) -> None:
+        with self._lock:
+            self.store.fence_host()
 
     # --- lifecycle --------------------------------------------------------------------
     def close_rows(self, rows: list[int]) -> None:
@@ -138,11 +221,18 @@ class EssLatentStore:
         with self._lock:
             self.store.clear_host(locs.reshape(-1).long())
 
+    def shutdown(self) -> None:
+        with self._lock:
+            self.store.shutdown()
+
     def usage(self) -> dict:
         # SGLang's allocator hands out the host locations: its used size is the host usage.
         used = None if self.allocator is None else int(self.allocator.size - self.allocator.available_size())
         u = dict(self.store.usage(host_tokens_used=used))
         snap = self.store.counters.snapshot()
         u.update(hit_rate=snap["hit_rate"], rows_h2d=sum(snap["rows_h2d"]), warmup_rows=sum(snap["warmup_rows"]),
-                 hot_slots_per_request=self.store_cfg.hot_slots_per_request)
+                 refetch_rows=sum(snap["refetch_rows"]), hot_slots_per_request=self.store_cfg.hot_slots_per_request,
+                 overlap_level=self.level, plans_early=self.plans_early, plans_late=self.plans_late,
+                 misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
+                 bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
         return u

@@ -15,8 +15,11 @@ REQ_ROWS_FREE = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool.free_rows"
 PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
 ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
 DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weights"
+UPDATE_HANDLERS = ("sglang.srt.managers.scheduler_components.internal_state."
+                   "SchedulerInternalStateController._update_handlers")
 INTERNAL_STATE = ("sglang.srt.managers.scheduler_components.internal_state."
                   "SchedulerInternalStateController.get_internal_state")
+SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 
 PATCHED = {
     MODEL_SPECIFIC_ADJUSTMENTS: "AROUND: answer torch.cuda.get_device_capability() with (9, 0) during DSA "
@@ -27,6 +30,7 @@ PATCHED = {
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
     DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",
     INTERNAL_STATE: "AFTER: add ESS host-pool / hot-buffer usage to the scheduler's internal state",
+    UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
 }
 
 SEAMS = {
@@ -41,4 +45,19 @@ SEAMS = {
     "sglang.srt.entrypoints.http_server.app": "FastAPI app: the /ess/status route",
     "sglang.srt.model_executor.forward_context.get_req_to_token_pool": "indexer reads req_to_token",
     "sglang.srt.model_executor.forward_context.get_token_to_kv_pool": "indexer reads/writes index keys",
+    # operations (launcher, guard, admission, crash handling, metrics)
+    "sglang.srt.entrypoints.http_server.launch_server": "launcher: init_tokenizer_manager_func= and launch_callback=",
+    "sglang.srt.entrypoints.engine.init_tokenizer_manager": "TokenizerManagerClass=EssTokenizerManager",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request":
+        "extended in the EssTokenizerManager subclass: admission after tokenization",
+    "sglang.srt.managers.tokenizer_manager.SignalHandler.running_phase_sigquit_handler":
+        "overridden in a subclass set as signal_handler_class: one line + exit code on a dead child",
+    "sglang.srt.entrypoints.http_server.get_global_state": "guard / admission read vocab, model names, pool size",
+    "sglang.srt.entrypoints.openai.protocol.DEFAULT_MODEL_NAME": "the model name SGLang clients send by default",
+    "sglang.srt.arg_groups.choices.add_deterministic_attention_backend_choices": "'ess' is deterministic",
+    "sglang.srt.arg_groups.choices.add_radix_supported_deterministic_attention_backend_choices":
+        "SGLang requires it for DeepSeek models in deterministic mode",
+    "sglang.srt.environ.envs.SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE": "file:// rendezvous: no TCPStore on all interfaces",
+    "sglang.srt.environ.envs.SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "off without CUDA: no 60 s wait on a crash",
+    "sglang.srt.environ.envs.SGLANG_PYSPY_DUMP_BEFORE_CRASH": "off without CUDA: no 5 s wait on a crash",
 }

@@ -125,3 +125,12 @@ def test_speculative_staging_that_never_lands_is_not_read():
     """Speculative rows whose tags do not match (dropped or late) are ignored: still exact."""
     snap, _, _ = _run("da", speculative="next_layer", cross_layer=0.7, corrupt_spec=True)
     assert snap["prefetch"]["speculative"]["rows_used"] == 0
+
+
+@pytest.mark.parametrize("mode", ["none", "dba"])
+def test_prefetch_worker_process_engine_stays_exact(mode):
+    """The same loop with a real prefetch worker process moving the rows (shared memory, ZMQ)."""
+    snap, _, staged = _run(mode, engine="worker", speculative="next_layer", cross_layer=0.5)
+    assert staged > 0
+    assert snap["prefetch"]["engine"] == "worker"
+    assert snap["prefetch"]["tiers"]["immediate"]["done"] > 0

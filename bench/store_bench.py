@@ -3,8 +3,12 @@
   python -m bench store [--batch 64 --k 2048 --slots 6400 --context 32768 --steps 12]
 
 Prints and writes bench/results/store.json:
-  1. resolver time per layer per step: the vectorised torch resolver vs the plain Python
-     OrderedDict oracle doing the same work, and their ratio (median and spread over steps);
+  1. resolver time per layer per step, interleaved on the same trace: the order-list algorithm's
+     torch implementation (`assign(..., backend="torch")`, today's resolver), the previous
+     sort-based torch resolver (two [b, N] sorts per call; kept here as the baseline), and the
+     plain Python OrderedDict oracle doing the same work (median and spread over steps). With
+     --device cuda the Triton kernel (`backend="triton"`) is timed too; on CPU it runs only
+     under TRITON_INTERPRET=1, which is not a timing (see `python -m bench kernels`);
   2. misses per request per layer on the first decode step and in steady state, with and
      without LRU warmup, on a synthetic locality trace (each step keeps `--repeat` of the
      previous step's top-k).
@@ -36,36 +40,109 @@ def trace(g, batch, k, context, steps, repeat):
     return torch.stack(out)
 
 
-def time_resolver(args, g):
-    tr = trace(g, args.batch, args.k, args.context, args.steps + 2, args.repeat)
-    buf = DeviceHotBuffer(1, args.batch, args.slots, 4, args.device)
-    rows = torch.arange(args.batch, device=args.device)
-    lens = torch.full((args.batch,), args.context, device=args.device)
-    vec_ms = []
-    for s in range(tr.shape[0]):
+def sort_resolver_baseline(state, reqs, seq_lens, tokens):
+    """The previous torch resolver (before the order list): stamps + two [b, N] sorts per call.
+    state: dict(s2t int64 [R, N], stamps int64 [R, N], clock int). Timed as the baseline only."""
+    b, k = tokens.shape
+    n = state["s2t"].shape[1]
+    valid = tokens >= 0
+    ar_k = torch.arange(k, device=tokens.device).expand(b, k)
+    sorted_tok, perm = torch.sort(tokens, dim=1, stable=True)
+    new_group = torch.ones_like(sorted_tok, dtype=torch.bool)
+    new_group[:, 1:] = sorted_tok[:, 1:] != sorted_tok[:, :-1]
+    grp_start = torch.where(new_group, ar_k, torch.zeros_like(ar_k)).cummax(dim=1).values
+    first_idx = torch.empty_like(perm).scatter_(1, perm, perm.gather(1, grp_start))
+    is_first = first_idx == ar_k
+    s2t = state["s2t"].index_select(0, reqs)
+    stamp = state["stamps"].index_select(0, reqs)
+    res_sorted, res_order = torch.sort(s2t, dim=1)
+    safe_tok = tokens.clamp(min=0).contiguous()
+    pos = torch.searchsorted(res_sorted, safe_tok).clamp(max=n - 1)
+    found = valid & (res_sorted.gather(1, pos) == tokens)
+    hit_slot = res_order.gather(1, pos)
+    miss = valid & ~found & is_first
+    hit = found & is_first
+    hit_target = torch.where(hit, hit_slot, torch.full_like(hit_slot, n))
+    pinned = torch.zeros((b, n + 1), dtype=torch.bool, device=tokens.device).scatter_(1, hit_target, True)[:, :n]
+    big = torch.iinfo(torch.int64).max
+    victim_order = torch.sort(torch.where(pinned, torch.full_like(stamp, big), stamp), dim=1, stable=True).indices
+    rank = (torch.cumsum(miss.to(torch.int64), dim=1) - 1).clamp(min=0).clamp(max=n - 1)
+    miss_slot = torch.where((seq_lens <= n).unsqueeze(1), safe_tok.clamp(max=n - 1), victim_order.gather(1, rank))
+    slots = torch.where(found, hit_slot, miss_slot).gather(1, first_idx)
+    slots = torch.where(valid, slots, torch.full_like(slots, -1))
+    target = torch.where(miss, miss_slot, torch.full_like(miss_slot, n))
+    s2t_ext = torch.cat([s2t, s2t.new_full((b, 1), -1)], dim=1).scatter_(1, target, tokens)
+    base, state["clock"] = state["clock"], state["clock"] + 2 * k
+    touch = torch.where(valid, slots, torch.full_like(slots, n))
+    when = ar_k + base + k * (valid & ~found).to(torch.int64)
+    stamp_ext = torch.cat([stamp, stamp.new_full((b, 1), -1)], dim=1)
+    stamp_ext.scatter_reduce_(1, touch, when, reduce="amax")
+    state["s2t"].index_copy_(0, reqs, s2t_ext[:, :n])
+    state["stamps"].index_copy_(0, reqs, stamp_ext[:, :n])
+    return slots, miss, hit
+
+
+def _clock(device):
+    if device.startswith("cuda"):
+        def timed(fn):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        return timed
+
+    def timed_cpu(fn):
         t0 = time.perf_counter()
-        assign(buf, 0, rows, lens, tr[s].to(args.device))
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        if s >= 2:  # two warm-up steps
-            vec_ms.append((time.perf_counter() - t0) * 1e3)
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return timed_cpu
+
+
+def time_resolver(args, g):
+    """ms per call of each resolver on the same trace, interleaved step by step (so machine
+    load hits them alike); the first two steps are warm-up. The sort baseline's misses are
+    checked equal to the order list's (the same LRU)."""
+    tr = trace(g, args.batch, args.k, args.context, args.steps + 2, args.repeat)
+    dev = args.device
+    reqs = torch.arange(args.batch, device=dev)
+    lens = torch.full((args.batch,), args.context, device=dev)
+    backends = ["torch", "triton"] if dev.startswith("cuda") else ["torch"]
+    bufs = {be: DeviceHotBuffer(1, args.batch, args.slots, dev, max_context_tokens=args.context)
+            for be in backends}
+    base = {"s2t": torch.full((args.batch, args.slots), -1, dtype=torch.int64, device=dev),
+            "stamps": torch.full((args.batch, args.slots), -1, dtype=torch.int64, device=dev), "clock": 0}
+    timed = _clock(dev)
+    ms = {be: [] for be in backends} | {"sort_baseline": []}
+    for s in range(tr.shape[0]):
+        t = tr[s].to(dev)
+        out = {}
+        calls = [(be, lambda be=be: assign(bufs[be], 0, reqs, lens, t, backend=be)) for be in backends]
+        calls.append(("sort_baseline", lambda: sort_resolver_baseline(base, reqs, lens, t)))
+        for name, call in (calls if s % 2 else calls[::-1]):   # alternate who runs first
+            dt = timed(lambda: out.__setitem__(name, call()))
+            if s >= 2:
+                ms[name].append(dt)
+        if not torch.equal(out["sort_baseline"][1].sum(1), out["torch"].miss.sum(1)):
+            raise AssertionError(f"step {s}: sort baseline and order list disagree on misses")
     oracles = [LruOracle(args.slots) for _ in range(args.batch)]
     lists = tr.tolist()
-    ora_ms = []
+    ms["oracle"] = []
     for s in range(min(tr.shape[0], args.oracle_steps + 2)):
         t0 = time.perf_counter()
         for i in range(args.batch):
             oracles[i].access(lists[s][i])
         if s >= 2:
-            ora_ms.append((time.perf_counter() - t0) * 1e3)
-    return vec_ms, ora_ms
+            ms["oracle"].append((time.perf_counter() - t0) * 1e3)
+    return ms
 
 
 def warmup_misses(args, g, warm: bool):
     """Misses per request per layer: first decode step and mean of later steps."""
     w = args.warmup_window
     tr = trace(g, args.batch, args.k, args.context, w + args.miss_steps, args.repeat)
-    buf = DeviceHotBuffer(1, args.batch, args.slots, 4, "cpu")
+    buf = DeviceHotBuffer(1, args.batch, args.slots, "cpu", max_context_tokens=args.context)
     rows = torch.arange(args.batch)
     lens = torch.full((args.batch,), args.context)
     if warm:  # the prefill's last W query positions' top-k (the trace before decode starts)
@@ -99,11 +176,22 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     print(f"[store bench] batch {args.batch}, k {args.k}, N {args.slots}, context {args.context}, "
           f"device {args.device}, torch threads {torch.get_num_threads()}", flush=True)
-    vec, ora = time_resolver(args, g)
-    v, o = _stats(vec), _stats(ora)
-    print(f"resolver per layer per step: vectorised {v['median']:.2f} ms (min {v['min']:.2f}, max {v['max']:.2f}) | "
-          f"python oracle {o['median']:.1f} ms (min {o['min']:.1f}, max {o['max']:.1f}) | "
-          f"oracle/vectorised = {o['median'] / v['median']:.1f}x", flush=True)
+    ms = time_resolver(args, g)
+    st = {name: _stats(xs) for name, xs in ms.items()}
+    for name, label in (("torch", "order list, torch (assign backend='torch')"),
+                        ("triton", "order list, Triton kernel (backend='triton')"),
+                        ("sort_baseline", "previous sort-based torch resolver"),
+                        ("oracle", "Python OrderedDict oracle")):
+        if name in st:
+            x = st[name]
+            print(f"resolver per layer per step, {label}: {x['median']:.2f} ms (min {x['min']:.2f}, "
+                  f"max {x['max']:.2f}, n {x['n']})", flush=True)
+    if "triton" not in st:
+        print("resolver Triton kernel: not timed on CPU (only the interpreter runs it there, which is "
+              "not a timing); see python -m bench kernels --device cuda", flush=True)
+    ratio_sort = st["sort_baseline"]["median"] / st["torch"]["median"]
+    ratio_oracle = st["oracle"]["median"] / st["torch"]["median"]
+    print(f"sort baseline / order list = {ratio_sort:.2f}x; oracle / order list = {ratio_oracle:.1f}x", flush=True)
     cold = warmup_misses(args, torch.Generator().manual_seed(1), warm=False)
     hot = warmup_misses(args, torch.Generator().manual_seed(1), warm=True)
     print(f"misses per request per layer (k={args.k}, repeat {args.repeat}):")
@@ -112,7 +200,10 @@ def main(argv=None) -> int:
     print(f"  {'warmup W=' + str(args.warmup_window):16}{hot[0]:12.1f}{hot[1]:14.1f}")
     path = write_result("store", {
         "config": vars(args),
-        "resolver_ms_per_layer_step": {"vectorised": v, "oracle": o, "ratio_oracle_over_vectorised": o["median"] / v["median"]},
+        "resolver_ms_per_layer_step": {
+            "order_list_torch": st["torch"], "order_list_triton": st.get("triton", "not timed on CPU (interpreter only)"),
+            "sort_baseline_torch": st["sort_baseline"], "oracle": st["oracle"],
+            "ratio_sort_baseline_over_order_list": ratio_sort, "ratio_oracle_over_order_list": ratio_oracle},
         "misses_per_request_layer": {"no_warmup": {"first_step": cold[0], "steady": cold[1]},
                                      "warmup": {"first_step": hot[0], "steady": hot[1]}},
     })

@@ -1,4 +1,7 @@
-"""The vectorised resolver against the plain OrderedDict LRU oracle."""
+"""The resolver (`assign`, torch path) against the plain OrderedDict LRU oracle, with the hot
+buffer built as the store builds it today (no max_context_tokens: the token map grows on
+demand). Recency is read through `DeviceHotBuffer.stamps` (derived from the order list).
+More scenarios, padded rows and the Triton kernel: tests/unit/kernels/."""
 import pytest
 import torch
 
@@ -10,7 +13,7 @@ from sgl_ess.store.resolver import assign
 def run_both(traces, n, seq_lens):
     """traces: list over steps of int64 [b, k]. Checks every step against per-row oracles."""
     b = traces[0].shape[0]
-    buf = DeviceHotBuffer(num_layers=1, max_requests=b + 2, slots_per_request=n, row_bytes=4, device="cpu")
+    buf = DeviceHotBuffer(num_layers=1, max_requests=b + 2, slots_per_request=n, device="cpu")
     rows = torch.arange(2, 2 + b)  # not starting at 0: row offsets must be honoured
     oracles = [LruOracle(n) for _ in range(b)]
     for step, topk in enumerate(traces):
@@ -81,7 +84,7 @@ def test_k_larger_than_context():
 
 
 def test_fast_path_uses_identity_slots_and_never_evicts():
-    buf = DeviceHotBuffer(1, 2, 32, 4, "cpu")
+    buf = DeviceHotBuffer(1, 2, 32, "cpu")
     rows = torch.tensor([0, 1])
     g = torch.Generator().manual_seed(0)
     for _ in range(20):

@@ -17,6 +17,7 @@ kernel times are reported there.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import statistics
 import time
@@ -161,7 +162,13 @@ def main(argv=None) -> int:
     p.add_argument("--decode-rows", type=int, default=None, help="hot rows (default batch*slots on CUDA, 20000 on CPU)")
     p.add_argument("--decode-reps", type=int, default=10, help="timed decode calls (default 10)")
     p.add_argument("--out", default=None, help="also write the JSON result here")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: torch's own); on a shared, loaded machine 1 avoids "
+                        "OpenMP regions stalling on a descheduled second thread")
     args = p.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device; run without --device on CPU")
@@ -193,7 +200,9 @@ def main(argv=None) -> int:
               f"{c['num_warps']}): median {c['us']['median']:.0f} us, max err out {c['max_err_out']:.2e}, "
               f"lse {c['max_err_lse']:.2e}", flush=True)
     path = write_result(f"kernels_{'cuda' if cuda else 'cpu'}",
-                        {"config": vars(args), "resolver_us_per_layer_step": res, "sparse_decode": dec})
+                        {"config": vars(args), "torch_threads": torch.get_num_threads(),
+                         "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
+                         "resolver_us_per_layer_step": res, "sparse_decode": dec})
     if args.out:
         with open(args.out, "w") as f:
             f.write(json.dumps(json.loads(path.read_text()), indent=1) + "\n")

@@ -16,6 +16,7 @@ Prints and writes bench/results/store.json:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -172,7 +173,13 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-window", type=int, default=32, help="W prefill positions (default 32)")
     p.add_argument("--miss-steps", type=int, default=20, help="decode steps for the miss figures")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: torch's own); on a shared, loaded machine 1 avoids "
+                        "OpenMP regions stalling on a descheduled second thread")
     args = p.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
     g = torch.Generator().manual_seed(0)
     print(f"[store bench] batch {args.batch}, k {args.k}, N {args.slots}, context {args.context}, "
           f"device {args.device}, torch threads {torch.get_num_threads()}", flush=True)
@@ -199,7 +206,8 @@ def main(argv=None) -> int:
     print(f"  {'no warmup':16}{cold[0]:12.1f}{cold[1]:14.1f}")
     print(f"  {'warmup W=' + str(args.warmup_window):16}{hot[0]:12.1f}{hot[1]:14.1f}")
     path = write_result("store", {
-        "config": vars(args),
+        "config": vars(args), "torch_threads": torch.get_num_threads(),
+        "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
         "resolver_ms_per_layer_step": {
             "order_list_torch": st["torch"], "order_list_triton": st.get("triton", "not timed on CPU (interpreter only)"),
             "sort_baseline_torch": st["sort_baseline"], "oracle": st["oracle"],

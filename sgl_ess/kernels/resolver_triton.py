@@ -53,7 +53,7 @@ def _resolve_kernel(tok_ptr, req_ptr, len_ptr, nreal_ptr, s2t_ptr, order_ptr, tm
     tok_row = tok_ptr + i.to(tl.int64) * K
     s2t = s2t_ptr + r * N
     order = order_ptr + r * N
-    tmap = tmap_ptr + r * CTX
+    tmap = tmap_ptr + r * (CTX + 1) + 1              # token t -> column t + 1 (column 0 unused)
     w_slot = work_ptr + i.to(tl.int64) * 3 * K       # by last index: hit slot, or -(miss rank + 2)
     w_first = w_slot + K                             # by last index: first occurrence
     w_vict = w_slot + 2 * K                          # by miss rank: victim slot
@@ -163,7 +163,7 @@ def resolve_triton(slot_to_token: torch.Tensor, lru_order: torch.Tensor, token_m
     """One layer's resolve for a batch, updating the state in place.
 
     slot_to_token int64 [R', N] and lru_order int32 [R', N] (R' > every real req; contiguous),
-    token_map int32 [R', CTX] all zero (left all zero), reqs int64 [b] (-1 = padded row),
+    token_map int32 [R', CTX + 1] all zero (left all zero; token t at column t + 1), reqs int64 [b] (-1 = padded row),
     seq_lens int64 [b], tokens int32/int64 [b, k] (-1 padding; positions >= CTX are treated as
     padding), num_real_reqs optional int32/int64 [1] (rows >= it are padding). All on one device.
     Returns (slots int64 [b, k] local slot or -1, miss bool [b, k], hit bool [b, k]).
@@ -187,7 +187,7 @@ def resolve_triton(slot_to_token: torch.Tensor, lru_order: torch.Tensor, token_m
     nreal = num_real_reqs if num_real_reqs is not None else reqs  # placeholder pointer when absent
     _resolve_kernel[(b,)](
         tokens, reqs.contiguous(), seq_lens.contiguous(), nreal, slot_to_token, lru_order, token_map,
-        work, slots, miss.view(torch.int8), hit.view(torch.int8), token_map.shape[1], K=k, N=n,
+        work, slots, miss.view(torch.int8), hit.view(torch.int8), token_map.shape[1] - 1, K=k, N=n,
         HAS_NREAL=num_real_reqs is not None, BLOCK_K=max(16, min(block_k, triton.next_power_of_2(k))),
         BLOCK_N=max(16, min(block_n, triton.next_power_of_2(n))), num_warps=num_warps)
     return slots, miss, hit

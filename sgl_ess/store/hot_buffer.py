@@ -9,8 +9,9 @@ allocated once, never reallocated - so a CUDA graph may capture kernels that upd
                 request): the slots from least to most recently used. Slots never used (empty)
                 sit at the front, so "take the first non-hit slots" picks empty slots first,
                 then the least recently used ones.
-  token_map     int32 [max_requests + 1, C]: the resolver's scratch (token position -> 1 + its
-                last index in the step's top-k), all zero between calls. C = max_context_tokens
+  token_map     int32 [max_requests + 1, C + 1]: the resolver's scratch, all zero between calls:
+                column t + 1 of row r = 1 + the last index of token t in request r's top-k
+                (column 0 stays 0: an empty slot, -1, reads it). C = max_context_tokens
                 when given (allocated here, fixed: required by the Triton resolver); otherwise
                 the torch resolver allocates it on first use and grows it to the longest
                 context seen (`token_map_for`, a host sync per call - the CPU path only).
@@ -62,12 +63,12 @@ class DeviceHotBuffer:
         if self.max_context_tokens is not None:
             return self.token_map
         need = max(int(seq_lens.max()) if seq_lens.numel() else 0, self.slots_per_request)
-        if self.token_map is None or self.token_map.shape[1] < need:
+        if self.token_map is None or self.token_map.shape[1] - 1 < need:
             self.token_map = self._new_map(1 << (need - 1).bit_length())
         return self.token_map
 
     def _new_map(self, width_tokens: int) -> torch.Tensor:
-        return torch.zeros((self.max_requests + 1, width_tokens), dtype=torch.int32,
+        return torch.zeros((self.max_requests + 1, width_tokens + 1), dtype=torch.int32,
                            device=self.device)
 
     def used_slots(self) -> int:

@@ -37,86 +37,81 @@ def assign_list_torch(buf: DeviceHotBuffer, layer: int, reqs: torch.Tensor, seq_
     all on `buf.device`. Returns (slots int64 [b, k], miss bool [b, k], hit bool [b, k])."""
     b, k = tokens.shape
     n = buf.slots_per_request
-    tmap = buf.token_map_for(seq_lens)                                       # [R + 1, ctx] int32
-    ctx = tmap.shape[1]
+    tmap = buf.token_map_for(seq_lens)            # [R + 1, C + 1] int32, token t -> column t + 1
+    ctx = tmap.shape[1] - 1
     dev = tokens.device
-    ar_k = torch.arange(k, device=dev).expand(b, k)
+    ar_k = torch.arange(k, device=dev)
     ar_n = torch.arange(n, device=dev).expand(b, n)
 
     real = reqs >= 0
     if num_real_reqs is not None:
         real = real & (torch.arange(b, device=dev) < num_real_reqs.reshape(()).to(dev))
     row = torch.where(real, reqs, buf.max_requests)                          # padded -> trash row
-    s2t = buf.slot_to_token_ext[layer].index_select(0, row)                  # [b, n]
-    order32 = buf.lru_order_ext[layer].index_select(0, row)                  # [b, n] (a copy)
-    order = order32.long()
-    fast = (seq_lens <= n).unsqueeze(1) & real.unsqueeze(1)                  # [b, 1]
-    slow = (seq_lens > n).unsqueeze(1) & real.unsqueeze(1)
-    valid = (tokens >= 0) & (tokens < ctx) & (slow | (fast & (tokens < n)))
+    s2t = buf.slot_to_token_ext[layer].index_select(0, row)                  # [b, n] (a copy)
+    order = buf.lru_order_ext[layer].index_select(0, row).long()             # [b, n] (a copy)
+    fast = ((seq_lens <= n) & real).unsqueeze(1)                             # [b, 1]
+    limit = torch.where(fast, min(n, ctx), (real * ctx).unsqueeze(1))        # positions < limit
+    valid = (tokens >= 0) & (tokens < limit)
     flat_map = tmap.view(-1)
-    base = (row * ctx).unsqueeze(1)
-    trash = buf.max_requests * ctx                                           # a trash-row cell
+    base = (row * (ctx + 1) + 1).unsqueeze(1)     # flat cell of token 0; cell 0 of a row stays 0
 
-    # 1. dedup through the token map: 1 + last index of every selected token; first occurrence
-    at = torch.where(valid, base + tokens, trash)                            # [b, k]
-    flat_map.scatter_reduce_(0, at.reshape(-1), (ar_k + 1).reshape(-1).to(torch.int32), "amax")
-    last = torch.where(valid, flat_map.gather(0, at.reshape(-1)).view(b, k).long() - 1, k)
-    first_of = torch.full((b, k + 1), k, dtype=torch.int64, device=dev)
-    first_of.scatter_reduce_(1, last, ar_k.contiguous(), "amin")
-    is_first = valid & (first_of.gather(1, last) == ar_k)
-    is_last = valid & (last == ar_k)
+    # 1. dedup through the token map: 1 + last index of each token (invalid entries use the
+    #    always-zero cell 0 and write 0 there); the first index is kept under the last index
+    at = torch.where(valid, base + tokens, 0).view(-1)
+    flat_map.scatter_reduce_(0, at, torch.where(valid, ar_k + 1, 0).to(torch.int32).view(-1), "amax")
+    last1 = flat_map.gather(0, at).view(b, k).long()                         # 0 = invalid
+    first_of = torch.full((b, k + 1), k, dtype=torch.int64, device=dev)     # column 0: dump
+    first_of.scatter_reduce_(1, last1, ar_k.expand(b, k), "amin")
+    is_first = valid & (first_of.gather(1, last1) == ar_k)
+    is_last = last1 == ar_k + 1
 
-    # 2. lookup against the start-of-step state. Slow rows: the resident slots whose token is
-    #    selected; fast rows: slot t holds token t if any
-    s2t_at = torch.where(slow & (s2t >= 0) & (s2t < ctx), base + s2t, trash)  # [b, n]
-    slot_last = flat_map.gather(0, s2t_at.reshape(-1)).view(b, n).long()      # 1 + last index
-    pinned = (s2t_at != trash) & (slot_last > 0)
-    by_last = torch.full((b, k + 1), -1, dtype=torch.int64, device=dev)      # slot by last index
-    by_last.scatter_(1, torch.where(pinned, slot_last - 1, k), ar_n)
-    safe_tok = torch.where(valid, tokens, 0)
-    held = s2t.gather(1, safe_tok.clamp(max=n - 1)) == tokens
-    by_last.scatter_(1, torch.where(valid & fast & held, last, k), safe_tok)
-    flat_map.scatter_(0, at.reshape(-1), 0)                                  # map all zero again
-    found = valid & (by_last.gather(1, last) >= 0)
-    touched = torch.zeros((b, n + 1), dtype=torch.bool, device=dev)
-    touched = touched.scatter_(1, torch.where(valid & fast, safe_tok, n), True)[:, :n]
-    removed = pinned | touched                                                # per slot
-
+    # 2. lookup against the start-of-step state: each slot's token in the map (an empty slot,
+    #    -1, reads cell 0). Fast rows: slot t can only hold token t, so the same lookup works.
+    held1 = flat_map.gather(0, (base + s2t).view(-1)).view(b, n)             # 1 + last index
+    by_last = torch.full((b, k + 1), -1, dtype=torch.int64, device=dev)      # hit slot, column 0: dump
+    by_last.scatter_(1, held1.long(), ar_n)
+    flat_map.scatter_(0, at, 0)                                              # map all zero again
+    found = valid & (by_last.gather(1, last1) >= 0)
     miss = is_first & ~found
     hit = is_first & found
     m = miss.sum(dim=1, keepdim=True)
     h = hit.sum(dim=1, keepdim=True)
 
-    # 3. victims: the first m unpinned slots of the order list (none on the fast path)
+    # 3. victims: the first m unpinned slots of the order list. Fast rows take no victims
+    #    (slot = position) and drop every touched slot, hit or miss.
+    removed = torch.zeros((b, n + 1), dtype=torch.bool, device=dev)
+    removed[:, :n] = held1 > 0
+    removed.scatter_(1, torch.where(valid & fast, tokens, n), True)
     free = ~removed.gather(1, order)                                          # [b, n] by rank
-    n_free = torch.cumsum(free, dim=1) - free.long()                          # exclusive
+    ahead = torch.cumsum(free, dim=1) - free.long()                           # free slots before
     m_victims = torch.where(fast, 0, m)
-    victim = free & (n_free < m_victims)
-    kept = free & ~victim
-    victims = torch.zeros((b, k + 1), dtype=torch.int64, device=dev)
-    victims.scatter_(1, torch.where(victim, n_free, k), order)
-    miss_rank = (torch.cumsum(miss, dim=1) - 1).clamp(min=0)
-    slot_at = torch.where(fast, safe_tok, torch.where(found, by_last.gather(1, last),
-                                                       victims.gather(1, miss_rank)))
-    slots = torch.where(valid, slot_at.gather(1, torch.where(valid, first_of.gather(1, last), 0)), -1)
+    pos = ahead - m_victims                                                   # < 0: a victim
+    victims = torch.zeros((b, k + 1), dtype=torch.int64, device=dev)          # column k: dump
+    victims.scatter_(1, torch.where(free & (pos < 0), ahead, k), order)
+    miss_rank = torch.cumsum(miss, dim=1) - 1
+    slot_first = torch.where(found, by_last.gather(1, last1),
+                             victims.gather(1, miss_rank.clamp(min=0)))
+    slot_first = torch.where(fast, tokens, slot_first)
+    slots = torch.where(valid, slot_first.gather(1, first_of.gather(1, last1).clamp(max=k - 1)), -1)
 
-    # 4. new order, written straight into the state (a permutation: every rank written once;
-    #    padded rows only write the trash row): kept slots (compacted), then hits, then misses,
-    #    each group by last occurrence
-    hit_last = is_last & found
-    miss_last = is_last & ~found
+    # 4. new order, scattered straight into the state (a permutation: every rank written once;
+    #    masked lanes and padded rows write the trash row only): kept slots (compacted), then
+    #    hits, then misses, each group by last occurrence
     order_flat = buf.lru_order_ext[layer].view(-1)
     row_base = (row * n).unsqueeze(1)
-    trash_slot = buf.max_requests * n
-    slots32 = slots.clamp(min=0).to(torch.int32)  # masked lanes write the trash cell: keep it a slot
-    order_flat.scatter_(0, torch.where(kept, row_base + n_free - m_victims, trash_slot).view(-1),
-                        order32.view(-1))
-    hit_pos = row_base + n - h - m + torch.cumsum(hit_last, dim=1) - 1
-    order_flat.scatter_(0, torch.where(hit_last, hit_pos, trash_slot).view(-1), slots32.view(-1))
-    miss_pos = row_base + n - m + torch.cumsum(miss_last, dim=1) - 1
-    order_flat.scatter_(0, torch.where(miss_last, miss_pos, trash_slot).view(-1), slots32.view(-1))
+    trash = buf.max_requests * n
+    slots32 = slots.clamp(min=0).to(torch.int32)                  # trash cells stay valid slots
+    order_flat.scatter_(0, torch.where(free & (pos >= 0), row_base + pos, trash).view(-1),
+                        order.to(torch.int32).view(-1))
+    hit_last = is_last & found
+    miss_last = is_last & ~found
+    hit_pos = row_base + (n - 1) - h - m + torch.cumsum(hit_last, dim=1)
+    order_flat.scatter_(0, torch.where(hit_last, hit_pos, trash).view(-1), slots32.view(-1))
+    miss_pos = row_base + (n - 1) - m + torch.cumsum(miss_last, dim=1)
+    order_flat.scatter_(0, torch.where(miss_last, miss_pos, trash).view(-1), slots32.view(-1))
 
-    # 5. misses take their slots (the evicted tokens are overwritten)
+    # 5. misses take their slots (the evicted tokens are overwritten; the trash row gets -1)
     s2t_flat = buf.slot_to_token_ext[layer].view(-1)
-    s2t_flat.scatter_(0, torch.where(miss, row_base + slots, trash_slot).view(-1), tokens.reshape(-1))
+    s2t_flat.scatter_(0, torch.where(miss, row_base + slots, trash).view(-1),
+                      torch.where(miss, tokens, -1).view(-1))
     return slots, miss, hit

@@ -8,6 +8,7 @@ most latent rows live in the host pool and every step fetches misses through the
 
 import concurrent.futures as cf
 import json
+import urllib.error
 
 import pytest
 
@@ -34,9 +35,8 @@ def run_batch(server):
 
 
 def set_level(server, level):
-    r = server.post("/set_internal_state", {"server_args": {"ess_prefetch_overlap_level": level}})
-    ok = r.get("updated") if isinstance(r, dict) else all(x.get("updated") for x in r)
-    assert ok, f"level {level} refused: {r}"
+    r = server.post("/ess/overlap_level", {"level": level})
+    assert r["level"] == level and all(r["updated"]), r
     assert server.ess_usage()["overlap_level"] == level
 
 
@@ -81,7 +81,8 @@ def test_every_level_matches_ess_off(server_engine, reference):
 
 def test_unknown_level_is_refused_at_run_time(server_engine):
     _, srv = server_engine
-    r = srv.post("/set_internal_state", {"server_args": {"ess_prefetch_overlap_level": "turbo"}})
-    ok = r.get("updated") if isinstance(r, dict) else any(x.get("updated") for x in r)
-    assert not ok
-    assert srv.ess_usage()["overlap_level"] in LEVELS
+    before = srv.ess_usage()["overlap_level"]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        srv.post("/ess/overlap_level", {"level": "turbo"})
+    assert e.value.code == 400 and "allowed: none, da, dba, full" in e.value.read().decode()
+    assert srv.ess_usage()["overlap_level"] == before

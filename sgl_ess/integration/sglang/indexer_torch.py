@@ -172,12 +172,15 @@ def indexer_forward_native(self, x, q_lora, positions, forward_batch, layer_id, 
 
 
 class _EarlyHandoff:
-    """Hands each finished slice of a decode batch's top-k to the ESS store (if the batch's
-    attention backend has one), so the misses' fetch starts while the indexer still runs."""
+    """Hands each finished slice of a decode batch's top-k to the ESS store (if the forward's
+    attention backend has one: with Two-Batch Overlap, the micro-batch's own child backend), so
+    the misses' fetch starts while the indexer still runs."""
 
     def __init__(self, forward_batch, layer_id, out, req_to_token):
+        from sglang.srt.model_executor.forward_context import get_attn_backend
+
         self.parts = []
-        store = getattr(getattr(forward_batch, "attn_backend", None), "store", None)
+        store = getattr(get_attn_backend(), "store", None)
         mode = forward_batch.forward_mode
         if store is None or not mode.is_decode():
             return

@@ -1,11 +1,12 @@
-"""Change the ESS overlap level of a running server, through SGLang's own /set_internal_state:
+"""Change the ESS overlap level of a running server:
 
-    curl -s -X POST 127.0.0.1:30000/set_internal_state -H 'Content-Type: application/json' \\
-         -d '{"server_args": {"ess_prefetch_overlap_level": "dba"}}'
+    curl -s -X POST 127.0.0.1:30000/ess/overlap_level -H 'Content-Type: application/json' -d '{"level": "dba"}'
 
-The scheduler validates every key before applying any (SGLang's contract): an unknown level
-is refused with the allowed values in the log and `updated: false`. The level takes effect from
-the next layer planned; plans already in flight finish under the level that made them.
+The route (on SGLang's FastAPI app) forwards to every scheduler through SGLang's own internal-state
+channel (/set_internal_state), whose request schema carries numbers only, so the level travels
+as its index in LEVELS under the key `ess_prefetch_overlap_level`. The schedulers validate
+before applying; an unknown level is a 400 naming the allowed values. The level takes effect
+from the next layer planned; plans already in flight finish under the level that made them.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ class _LevelHandler:
 
         if lifecycle.active_store() is None:
             raise UpdateRejected(f"{key}: ESS is off on this server (--ess-enabled false)")
-        if value not in LEVELS:
-            raise UpdateRejected(f"{key}: got {value!r}; allowed: {', '.join(LEVELS)}")
+        if not isinstance(value, (int, float)) or int(value) != value or not 0 <= int(value) < len(LEVELS):
+            raise UpdateRejected(f"{key}: got {value!r}; expected an index into {list(LEVELS)}")
 
     def apply(self, key: str, value: Any):
         for adapter in lifecycle.all_adapters():
-            adapter.set_level(value)
+            adapter.set_level(LEVELS[int(value)])
         return None
 
 
@@ -45,3 +46,25 @@ def _after_update_handlers(result, *args, **kwargs):
 
 def register() -> None:
     HookRegistry.register(targets.UPDATE_HANDLERS, _after_update_handlers, HookType.AFTER)
+
+
+def install_route() -> None:
+    """POST /ess/overlap_level {"level": ...} on SGLang's app (the launcher process)."""
+    from fastapi.responses import ORJSONResponse
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    if any(getattr(r, "path", None) == "/ess/overlap_level" for r in http_server.app.routes):
+        return
+
+    @http_server.app.post("/ess/overlap_level")
+    async def ess_overlap_level(body: dict):
+        level = body.get("level") if isinstance(body, dict) else None
+        if level not in LEVELS:
+            return ORJSONResponse({"error": f"level: got {level!r}; allowed: {', '.join(LEVELS)}"}, status_code=400)
+        tm = http_server.get_global_state().tokenizer_manager
+        updated = await tm.set_internal_state(SetInternalStateReq(server_args={KEY: LEVELS.index(level)}))
+        if not all(updated):
+            return ORJSONResponse({"error": "a scheduler refused the level (is ESS on? see the server log)",
+                                   "updated": updated}, status_code=409)
+        return {"level": level, "updated": updated}

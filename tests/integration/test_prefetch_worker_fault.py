@@ -50,7 +50,18 @@ def ipc_dirs() -> set[str]:
 
 
 def shm_files() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """ESS's shared memory: named segments (there should be none: the store uses memfd) and memfd
+    mappings still held by any process. SGLang's own /dev/shm entries are not ESS's to police."""
+    names = {f for f in os.listdir("/dev/shm") if "ess" in f} if os.path.isdir("/dev/shm") else set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                names |= {f"pid {pid}: {ln.split()[-2]}" for ln in fh if "memfd:sgl_ess" in ln}
+        except OSError:
+            continue
+    return names
 
 
 def run_batch(server):

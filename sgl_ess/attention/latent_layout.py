@@ -50,10 +50,14 @@ class LatentLayout:
         if self.kind == "bf16":
             return latent.to(torch.bfloat16).contiguous().view(torch.uint8)
         n = latent.shape[0]
-        nope = latent[:, :self.kv_lora_rank].float().reshape(n, -1, FP8_TILE)
+        # SGLang's writer (dsa_quant_k_cache): bf16 input, scale = amax / 448 in fp32, values
+        # multiplied by the scale's reciprocal, clamped, cast round-to-nearest-even. An all-zero
+        # tile has amax 0: SGLang then writes 0 * inf = NaN codes and scale 0 (NaN on read);
+        # we write zero codes and scale 1 (reads back as zeros) - the one deliberate difference.
+        nope = latent[:, :self.kv_lora_rank].to(torch.bfloat16).float().reshape(n, -1, FP8_TILE)
         amax = nope.abs().amax(dim=2)
         scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-        q = (nope / scale.unsqueeze(2)).to(torch.float8_e4m3fn).reshape(n, -1)
+        q = (nope * (1.0 / scale).unsqueeze(2)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(n, -1)
         rope = latent[:, self.kv_lora_rank:].to(torch.bfloat16).contiguous()
         return torch.cat([q.view(torch.uint8), scale.contiguous().view(torch.uint8),
                           rope.view(torch.uint8)], dim=1)

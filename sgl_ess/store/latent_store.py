@@ -2,7 +2,8 @@
 
 Memory ownership (allocated once here, alive as long as this object):
   host   HostLatentPool  uint8 [L, T, B]  every token's latent row (shared segment; registered
-                                          for zero-copy access on CUDA)
+                                          for zero-copy access on CUDA); may be handed in by the
+                                          engine that allocated it
   slots  SlotSpace       uint8 [S, B]     hot buffers (R x N slots per layer) + staging rings,
                                           one flat space attention indexes; `ring_tags`
   hot    DeviceHotBuffer                  the exact-LRU state of every (layer, request)
@@ -44,12 +45,17 @@ logger = logging.getLogger(__name__)
 
 class LatentStore:
     def __init__(self, cfg: StoreConfig, transfer_backend: str = "auto", engine: str = "inline",
-                 speculative: str = "off"):
+                 speculative: str = "off", host_pool: HostLatentPool | None = None):
         self.cfg = cfg
         dev = torch.device(cfg.device)
         pin = cfg.pin_host if cfg.pin_host is not None else dev.type == "cuda"
         self.device = dev
-        self.host = HostLatentPool(cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes, pin=pin)
+        if host_pool is None:
+            host_pool = HostLatentPool(cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes, pin=pin)
+        elif tuple(host_pool.rows.shape) != (cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes):
+            raise ValueError(f"host pool of shape {list(host_pool.rows.shape)} does not match the store config "
+                             f"[{cfg.num_layers}, {cfg.host_capacity_tokens}, {cfg.row_bytes}]")
+        self.host = host_pool        # an engine may own it (SGLang's DSA pool allocates it, host_pool_class.py)
         self.slots = SlotSpace(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, cfg.row_bytes,
                                cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots)
         self.hot = DeviceHotBuffer(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, dev,

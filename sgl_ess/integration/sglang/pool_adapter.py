@@ -2,10 +2,11 @@
 
 Memory ownership (ESS on):
   * The store's host pool (``LatentStore.host.rows`` uint8 ``[L, T, B]``) IS SGLang's latent
-    pool: each ``DSATokenToKVPool.kv_buffer[layer]`` is replaced by a bf16 view of the host
-    rows, so SGLang's token allocator hands out host locations, ``req_to_token`` is the
-    token -> host-location map, and SGLang's radix cache shares host rows between requests
-    unchanged. T = SGLang pool size + one page (its padded slots).
+    pool: SGLang's DSA pool was built host-backed (host_pool_class.py: each
+    ``kv_buffer[layer]`` is a view of the host rows, a zero-copy device view on CUDA), and the
+    store adopts that pool. SGLang's token allocator hands out host locations,
+    ``req_to_token`` is the token -> host-location map, and SGLang's radix cache shares host rows
+    between requests unchanged. T = SGLang pool size + one page (its padded slots).
   * The slot space (``LatentStore.slots``: R x N hot slots per layer + the staging rings) is
     the only latent memory on the device; R = SGLang's request-pool size (``req_pool_idx``,
     index 0 is SGLang's padding).
@@ -69,13 +70,16 @@ class EssPoolAdapter:
         from sgl_ess.store import LatentStore, StoreConfig
 
         pool = model_runner.token_to_kv_pool
+        host = getattr(pool, "ess_host_pool", None)
+        if host is None:
+            raise RuntimeError(
+                f"ESS on, but SGLang's latent pool ({type(pool).__name__}) was not built host-backed: the "
+                "sgl-ess plugin's pool hook did not run (start with python -m sgl_ess.launch_server, and do not "
+                "exclude sgl_ess in SGLANG_PLUGINS)")
         mc = model_runner.model_config
-        self.kv_dim = mc.kv_lora_rank + mc.qk_rope_head_dim
+        self.kv_dim = pool.kv_cache_dim               # 576 (bf16 rows) or 656 bytes (FP8 FlashMLA rows)
         self.dtype = pool.store_dtype
-        if self.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise ValueError(f"ESS on needs a 16/32-bit latent cache on this path; got {self.dtype}. "
-                             "Pass --kv-cache-dtype bfloat16")
-        self.row_bytes = self.kv_dim * self.dtype.itemsize
+        self.row_bytes = host.row_bytes
         self.layers = pool.layer_num
         self.topk = mc.hf_config.index_topk
         req_to_token = model_runner.req_to_token_pool.req_to_token
@@ -83,7 +87,7 @@ class EssPoolAdapter:
         hot = derive_hot_slots(cfg, self.topk, self.layers, self.row_bytes, max_requests)
         self.store_cfg = StoreConfig(
             num_layers=self.layers, row_bytes=self.row_bytes,
-            host_capacity_tokens=pool.kv_buffer[0].shape[0], hot_slots_per_request=hot,
+            host_capacity_tokens=host.capacity_tokens, hot_slots_per_request=hot,
             max_requests=max_requests, topk=self.topk, max_context_tokens=req_to_token.shape[1],
             device=str(model_runner.device), warmup_window=cfg.warmup_queries, ring_slots=cfg.ring_slots,
             spec_slots=(cfg.spec_slots or max(self.topk, max_requests * self.topk // 8))
@@ -91,7 +95,8 @@ class EssPoolAdapter:
         self.cfg = cfg
         self.level = cfg.prefetch_overlap_level
         self.profile = load_profile(cfg) if self.level == "full" else None
-        self.store = LatentStore(self.store_cfg, engine=cfg.prefetch_engine, speculative=cfg.speculative_prefetch)
+        self.store = LatentStore(self.store_cfg, engine=cfg.prefetch_engine, speculative=cfg.speculative_prefetch,
+                                 host_pool=host)
         self.runner_id = id(model_runner)
         self.req_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
@@ -99,25 +104,9 @@ class EssPoolAdapter:
         self.plans_early = 0      # plans submitted by the indexer hand-off (fetch hidden behind compute)
         self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
         self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
-        self._alias_pool_to_host(pool)
         logger.info("ESS store: %d layers x %d host rows x %d B (host %.1f MB), hot %d slots/request x %d rows "
                     "(device %.2f MB)", self.layers, self.store_cfg.host_capacity_tokens, self.row_bytes,
                     self.store_cfg.host_bytes / 1e6, hot, max_requests, self.store_cfg.device_bytes / 1e6)
-
-    def _alias_pool_to_host(self, pool) -> None:
-        if pool.device != "cpu" and str(pool.device) != "cpu":
-            raise NotImplementedError(
-                f"ESS on with the latent pool on {pool.device}: the CUDA host-pool path is not built yet. "
-                "Run with --ess-enabled false on GPUs for now")
-        views = []
-        for layer in range(self.layers):
-            host = self.store.host.rows[layer]
-            views.append(host.view(self.dtype).view(host.shape[0], 1, self.kv_dim))
-        old = pool.kv_buffer
-        pool.kv_buffer = views
-        if hasattr(pool, "data_ptrs"):
-            pool.data_ptrs = torch.tensor([v.data_ptr() for v in views], dtype=torch.uint64, device=pool.device)
-        del old
 
     # --- per forward ------------------------------------------------------------------
     def after_extend(self, layer: int, rows: list[int], seq_lens: list[int], n_q: list[int],

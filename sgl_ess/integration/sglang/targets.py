@@ -15,6 +15,7 @@ REQ_ROWS_FREE = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool.free_rows"
 PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
 ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
 DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weights"
+RESOLVE_KV_POOL_CLASS = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class"
 UPDATE_HANDLERS = ("sglang.srt.managers.scheduler_components.internal_state."
                    "SchedulerInternalStateController._update_handlers")
 INTERNAL_STATE = ("sglang.srt.managers.scheduler_components.internal_state."
@@ -30,6 +31,7 @@ PATCHED = {
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
     DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",
     INTERNAL_STATE: "AFTER: add ESS host-pool / hot-buffer usage to the scheduler's internal state",
+    RESOLVE_KV_POOL_CLASS: "AROUND: ESS on -> the DSA pool class gets host-backed latent buffers (host_pool_class.py)",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
 }
 

@@ -1,0 +1,78 @@
+"""The DSA latent pool with ESS on: SGLang's own ``DSATokenToKVPool`` whose per-layer latent
+buffers live in the ESS host pool instead of device memory.
+
+Installed for pool kind "dsa" through ``KVCacheConfigurator._resolve_kv_pool_class`` (the hook
+SGLang consults for out-of-tree pool classes) when ESS is on. ``_create_buffers`` - where the
+parent would allocate ``[size + page, 1, kv_cache_dim]`` per layer on the device - allocates
+one ``HostLatentPool`` (an anonymous shared-memory segment, page-locked in place on CUDA) and
+makes each ``kv_buffer[layer]`` a view of its rows:
+  CPU   the host rows themselves
+  CUDA  a zero-copy device view (UVA) of the registered host rows, so SGLang's own Triton
+        writer (``set_mla_kv_buffer``) stores each new row straight into host memory
+Nothing else changes: SGLang's allocator hands out host locations, ``req_to_token`` maps
+tokens to them, the radix cache shares them, the index-key pool stays on the device. The
+store (``pool_adapter.EssPoolAdapter``) adopts ``ess_host_pool`` when the attention backend is
+built. Memory: owned by the pool object (so by SGLang's model runner), freed with the process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sgl_ess.store import HostLatentPool
+
+logger = logging.getLogger(__name__)
+
+_classes: dict[type, type] = {}
+
+
+def host_backed(base: type) -> type:
+    """A subclass of SGLang's DSA pool class `base` whose latent buffers are ESS host rows."""
+    if base in _classes:
+        return _classes[base]
+
+    class EssHostDSATokenToKVPool(base):
+        def _create_buffers(self):
+            rows = self.size + self.page_size
+            itemsize = torch.empty((), dtype=self.store_dtype).element_size()
+            row_bytes = self.kv_cache_dim * itemsize
+            on_cuda = str(self.device).startswith("cuda")
+            self.ess_host_pool = HostLatentPool(self.layer_num, rows, row_bytes, pin=on_cuda)
+            views = []
+            for layer in range(self.layer_num):
+                host = self.ess_host_pool.rows[layer]
+                if on_cuda:
+                    from sgl_ess.kernels.uva import device_view
+
+                    host = device_view(host)
+                views.append(host.view(self.store_dtype).view(rows, 1, self.kv_cache_dim))
+            self.kv_buffer = views
+            logger.info("ESS host pool: %d layers x %d rows x %d B = %.2f GB in host memory%s",
+                        self.layer_num, rows, row_bytes, self.layer_num * rows * row_bytes / 1e9,
+                        " (page-locked, zero-copy device views)" if on_cuda else "")
+
+    EssHostDSATokenToKVPool.__name__ = f"EssHost{base.__name__}"
+    EssHostDSATokenToKVPool.__qualname__ = EssHostDSATokenToKVPool.__name__
+    _classes[base] = EssHostDSATokenToKVPool
+    return EssHostDSATokenToKVPool
+
+
+def _around_resolve_kv_pool_class(original_fn, self, *args, kind=None, default=None, **kwargs):
+    cls = original_fn(self, *args, kind=kind, default=default, **kwargs)
+    if kind == "dsa":
+        from sgl_ess.config import config_from_env
+
+        cfg = config_from_env()
+        if cfg is not None and cfg.enabled:
+            return host_backed(cls)
+    return cls
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from . import targets
+
+    HookRegistry.register(targets.RESOLVE_KV_POOL_CLASS, _around_resolve_kv_pool_class, HookType.AROUND)

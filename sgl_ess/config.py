@@ -29,7 +29,7 @@ ENV_CONFIG_JSON = "SGLESS_CONFIG"  # validated config, JSON; set by the launcher
 
 OFFLOAD_TARGETS = ("cpu_memory",)
 OVERLAP_LEVELS = ("none", "da", "dba", "full")
-PREFETCH_ENGINES = ("worker", "inline")
+PREFETCH_ENGINES = ("auto", "worker", "stream", "inline")
 ATTENTION_MODES = ("sparse",)
 
 
@@ -59,9 +59,11 @@ FIELDS: tuple[EssField, ...] = (
              "to the resident rows while the misses are in flight, merge by log-sum-exp) | dba (dual-batch: "
              "split the batch in two, each half's fetch hides behind the other's indexer and attention) | full "
              "(per-layer choice from --ess-overlap-profile).", OVERLAP_LEVELS),
-    EssField("prefetch_engine", str, "worker",
+    EssField("prefetch_engine", str, "auto",
              "Who moves rows: worker (a prefetch process per model runner, coordinated over ZMQ, sharing the host "
-             "pool and staging ring) | inline (the scheduler thread itself; the fallback).", PREFETCH_ENGINES),
+             "pool and staging ring; CPU) | stream (zero-copy kernels on a side CUDA stream of the scheduler; "
+             "GPU) | inline (the scheduler thread itself; the fallback) | auto (worker on CPU, stream on CUDA).",
+             PREFETCH_ENGINES),
     EssField("overlap_profile", str, "",
              "JSON file with the per-layer overlap mode for prefetch_overlap_level=full (write one with "
              "`python -m bench prefetch --write-profile FILE`). Empty = the packaged profile "
@@ -101,7 +103,7 @@ class EssConfig:
     enabled: bool = True
     offload_target: str = "cpu_memory"
     prefetch_overlap_level: str = "da"
-    prefetch_engine: str = "worker"
+    prefetch_engine: str = "auto"
     overlap_profile: str = ""
     ring_slots: int = 0
     max_gpu_buffer_size_gb: float = 0.0

@@ -61,6 +61,10 @@ class TierStats:
 
 class FetchEngine(ABC):
     name = "abstract"
+    # True when completed plans are ordered with later device work by the device itself (a CUDA
+    # stream engine): readers then need not verify ring tags. False for engines in this or another
+    # process that write host-visible memory.
+    ordered_on_device = False
 
     def __init__(self, mem: StoreMemory, backend: str = "auto"):
         self.mem = mem

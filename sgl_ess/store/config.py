@@ -34,6 +34,7 @@ class StoreConfig:
     ring_micro_batches:    sub-batches of one layer that may be in flight at once (DBA halves x
                            Two-Batch-Overlap micro-batches); each gets its own ring group
     spec_slots:            rows per layer parity for speculative prefetch (0 = the tier is off)
+    resolver_backend:      "auto" (Triton kernel on CUDA, torch elsewhere) | "torch" | "triton"
     """
 
     num_layers: int
@@ -49,6 +50,7 @@ class StoreConfig:
     ring_slots: int = 0
     ring_micro_batches: int = 4
     spec_slots: int = 0
+    resolver_backend: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("num_layers", self.num_layers, "the model config (num_hidden_layers)")
@@ -66,6 +68,8 @@ class StoreConfig:
             raise StoreConfigError(
                 f"ring_slots={self.ring_slots}, ring_micro_batches={self.ring_micro_batches}: expected "
                 "ring_slots >= 0 (0 = derive) and ring_micro_batches >= 1; set --ess-ring-slots")
+        if self.resolver_backend not in ("auto", "torch", "triton"):
+            raise StoreConfigError(f"resolver_backend={self.resolver_backend!r}: expected auto, torch or triton")
         if self.hot_slots_per_request < self.topk + 1:
             raise StoreConfigError(
                 f"hot_slots_per_request={self.hot_slots_per_request} is smaller than topk+1="

@@ -62,10 +62,16 @@ class LatentStore:
                                    max_context_tokens=cfg.max_context_tokens)
         self.counters = StoreCounters(cfg.num_layers, cfg.max_requests, cfg.row_bytes, dev)
         self.transfer_backend = transfer_backend
+        # kernels: the Triton resolver (graph-safe, no host sync) where Triton runs, else torch
+        self.resolver_backend = cfg.resolver_backend if cfg.resolver_backend != "auto" else (
+            "triton" if dev.type == "cuda" else "torch")
         self.memory = StoreMemory(host=self.host.rows, slots=self.slots.rows, ring_tags=self.slots.ring_tags,
                                   ring_base=self.slots.ring_base, host_segment=self.host.segment,
                                   slot_segment=self.slots.segment)
         self.engine: FetchEngine = self._make_engine(engine)
+        if self.engine.ordered_on_device and speculative != "off":
+            raise ValueError("speculative prefetch needs host-side bookkeeping that would sync the device every "
+                             "layer; it is available with the worker and inline engines (CPU) only")
         predictor = make_predictor(speculative)
         if predictor is not None and cfg.spec_slots <= 0:
             raise ValueError(f"speculative prefetch {speculative!r} needs speculative rows: set spec_slots > 0 "
@@ -77,13 +83,25 @@ class LatentStore:
         self._host_fence: list[Ticket] = []                # zeroing that must land before host writes
 
     def _make_engine(self, name: str) -> FetchEngine:
+        on_cuda = self.device.type == "cuda"
+        if name == "auto":
+            name = "stream" if on_cuda else "worker"
         if name == "inline":
             return InlineEngine(self.memory, self.transfer_backend)
+        if name == "stream":
+            from sgl_ess.prefetch.stream_engine import StreamEngine
+
+            return StreamEngine(self.memory, self.transfer_backend)
         if name == "worker":
+            if on_cuda:
+                raise ValueError(
+                    "--ess-prefetch-engine worker: on CUDA the hot buffers and rings are device memory a worker "
+                    "process cannot write without CUDA IPC; the fetch runs on a side stream instead "
+                    "(--ess-prefetch-engine stream, the default there)")
             from sgl_ess.prefetch.client import WorkerEngine
 
             return WorkerEngine(self.memory, self.transfer_backend)
-        raise ValueError(f"prefetch engine {name!r}: expected 'inline' or 'worker' (--ess-prefetch-engine)")
+        raise ValueError(f"prefetch engine {name!r}: expected auto, worker, stream or inline (--ess-prefetch-engine)")
 
     # --- request lifetime ---------------------------------------------------------------
     def open(self, req: int) -> None:
@@ -201,7 +219,7 @@ class LatentStore:
         if group in self._group_fence:            # the ring group's previous commit must have landed
             self.engine.wait(self._group_fence.pop(group))
         tokens = topk.to(self.device, torch.int64)
-        a = assign(self.hot, layer, reqs, seq_lens, tokens)
+        a = assign(self.hot, layer, reqs, seq_lens, tokens, backend=self.resolver_backend)
         self.counters.add_step(layer, reqs, a.hit, a.miss)
         n = self.cfg.hot_slots_per_request
         hot_abs = self._hot_abs(layer, reqs, a.slots)
@@ -210,23 +228,20 @@ class LatentStore:
         dst, to_ring = miss_destinations(fetch, hot_abs, self.slots.ring_row(group, 0), self.slots.ring_slots)
         if spec is not None:                       # staged speculatively and landed: read in place
             dst = torch.where(spec >= 0, spec, dst)
-            to_ring = to_ring | (spec >= 0)
         read, staged = read_locations(a.slots, hot_abs, a.miss, dst, fetch, n)
-        miss = a.miss.reshape(-1)
-        fetch_f = fetch.reshape(-1)
-        src_all = req_to_host.to(self.device)[reqs.unsqueeze(1), tokens.clamp(min=0)].reshape(-1)
-        dst_m = dst.reshape(-1)[miss]
-        ring_m = torch.where(to_ring.reshape(-1)[miss], dst_m, -1)
+        # per entry [b*k], -1 where it does not apply (static shapes: no compaction, no host sync)
+        miss_f, fetch_f = a.miss.reshape(-1), fetch.reshape(-1)
+        dst_f = dst.reshape(-1)
+        src_f = torch.where(fetch_f, req_to_host.to(self.device)[reqs.unsqueeze(1), tokens.clamp(min=0)].reshape(-1), -1)
         seq = self.next_seq()
         step = StepPlan(layer=layer, micro_batch=micro_batch, seq=seq, reqs=reqs,
-                        read_slots=read.to(torch.int32), staged=staged, hot_dst=hot_abs.reshape(-1)[miss],
-                        ring_dst=torch.where(fetch_f[miss], ring_m, -1), host_src=src_all[miss],
-                        spec_dst=torch.where(fetch_f[miss], -1, ring_m))
-        if fetch_f.any():
-            step.ticket = self.engine.submit(CopyPlan("h2s", src_all[fetch_f], dst.reshape(-1)[fetch_f], layer=layer,
-                                                      tier="immediate", micro_batch=micro_batch, tag_seq=seq))
-        else:
-            step.landed = True
+                        read_slots=read.to(torch.int32), staged=staged,
+                        hot_dst=torch.where(miss_f, hot_abs.reshape(-1), -1),
+                        ring_dst=torch.where(to_ring.reshape(-1) & fetch_f, dst_f, -1),
+                        host_src=src_f,
+                        spec_dst=torch.where(miss_f & ~fetch_f, dst_f, -1))
+        step.ticket = self._submit(CopyPlan("h2s", src_f, torch.where(fetch_f, dst_f, -1), layer=layer,
+                                                  tier="immediate", micro_batch=micro_batch, tag_seq=seq))
         if self.spec is not None:
             self.spec.after_plan(layer, reqs, seq_lens, tokens, req_to_host)
         return step
@@ -236,41 +251,39 @@ class LatentStore:
         return self._seq
 
     def land(self, step: StepPlan) -> None:
-        """Wait until every row `step` fetches has landed; re-fetch inline any ring row whose tag
-        is not this plan's (a late or lost completion), so nothing stale is ever read."""
+        """Wait until every row `step` fetches has landed. With an engine in another process, also
+        re-fetch inline any ring row whose tag is not this plan's (a late or lost completion), so
+        nothing stale is ever read; a device-stream engine orders rows on the stream instead."""
         if step.landed:
             return
         if step.ticket is not None:
             self.engine.wait(step.ticket)
-        in_ring = step.ring_dst >= 0
-        if in_ring.any():
-            tags = self.slots.ring_tags[step.ring_dst[in_ring] - self.slots.ring_base]
-            bad = tags != step.seq
-            if bad.any():
-                src = step.host_src[in_ring][bad]
-                dst = step.ring_dst[in_ring][bad]
+        if not self.engine.ordered_on_device:
+            in_ring = step.ring_dst >= 0
+            tags = self.slots.ring_tags[(step.ring_dst - self.slots.ring_base).clamp(min=0)]
+            bad = in_ring & (tags != step.seq)
+            if bool(bad.any()):
                 logger.warning("ESS: %d staged rows of layer %d carried a stale tag; re-fetched inline",
                                int(bad.sum()), step.layer)
                 self.counters.add_refetch(step.layer, int(bad.sum()))
                 InlineEngine(self.memory, self.transfer_backend).submit(
-                    CopyPlan("h2s", src, dst, layer=step.layer, tag_seq=step.seq))
+                    CopyPlan("h2s", torch.where(bad, step.host_src, -1), torch.where(bad, step.ring_dst, -1),
+                             layer=step.layer, tag_seq=step.seq))
         step.landed = True
 
     def commit(self, step: StepPlan) -> None:
-        """After attention read `step`: move its landed ring rows into their LRU hot slots, as a
-        background plan the next use of this ring group waits for."""
+        """After attention read `step`: move its landed ring (and speculative) rows into their LRU
+        hot slots, as a background plan the next use of this ring group waits for."""
         if step.committed:
             return
         self.land(step)
         src = torch.where(step.ring_dst >= 0, step.ring_dst, step.spec_dst)
-        moved = src >= 0
-        if moved.any():
-            plan = CopyPlan("s2s", src[moved], step.hot_dst[moved], tier="background",
-                            micro_batch=step.micro_batch, note="commit")
-            ticket = self.engine.submit(plan)
-            self._group_fence[self._ring_group(step.layer, step.micro_batch)] = ticket
-            if self.spec is not None and bool((step.spec_dst >= 0).any()):
-                self.spec.note_commit(step.layer, ticket)
+        plan = CopyPlan("s2s", src, torch.where(src >= 0, step.hot_dst, -1), tier="background",
+                        micro_batch=step.micro_batch, note="commit")
+        ticket = self._submit(plan)
+        self._group_fence[self._ring_group(step.layer, step.micro_batch)] = ticket
+        if self.spec is not None:
+            self.spec.note_commit(step.layer, ticket)
         step.committed = True
 
     def resolve(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
@@ -343,6 +356,15 @@ class LatentStore:
         }
 
     # --- internals -----------------------------------------------------------------------
+    def _submit(self, plan: CopyPlan) -> Ticket:
+        """Plans carry one entry per (request, top-k entry), -1 where nothing moves (static shapes
+        for device engines); an engine in another process gets only the live entries (a host sync
+        it needs anyway to address its runs)."""
+        if not self.engine.ordered_on_device and plan.kind != "zero":
+            keep = (plan.src_idx >= 0) & (plan.dst_idx >= 0)
+            plan.src_idx, plan.dst_idx = plan.src_idx[keep], plan.dst_idx[keep]
+        return self.engine.submit(plan)
+
     def _ring_group(self, layer: int, micro_batch: int) -> int:
         return (layer % 2) * self.cfg.ring_micro_batches + micro_batch
 
@@ -355,14 +377,13 @@ class LatentStore:
     def _hot_rows_of(self, step: StepPlan) -> torch.Tensor:
         """int32 [b, k]: every entry's hot-slot row after commit (misses: their LRU slot)."""
         read = step.read_slots.to(torch.int64)
-        from_ring = step.staged & (read >= self.slots.ring_base)
-        if from_ring.any():
-            lut = torch.full((self.slots.ring_groups * self.slots.ring_slots,), -1, dtype=torch.int64,
-                             device=self.device)
-            in_ring = step.ring_dst >= 0
-            lut[step.ring_dst[in_ring] - self.slots.ring_base] = step.hot_dst[in_ring]
-            read = torch.where(from_ring, lut[(read - self.slots.ring_base).clamp(min=0)], read)
-        return read.to(torch.int32)
+        size = self.slots.total_slots - self.slots.ring_base
+        lut = torch.full((size + 1,), -1, dtype=torch.int64, device=self.device)
+        src = torch.where(step.ring_dst >= 0, step.ring_dst, step.spec_dst)
+        lut.index_copy_(0, torch.where(src >= 0, src - self.slots.ring_base, size), step.hot_dst)
+        staged_row = read >= self.slots.ring_base
+        via = lut[torch.where(staged_row, read - self.slots.ring_base, size)]
+        return torch.where(staged_row, via, read).to(torch.int32)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.cfg.num_layers:

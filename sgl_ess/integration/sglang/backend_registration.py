@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 
 from sgl_ess.config import EssConfig, config_from_env
 

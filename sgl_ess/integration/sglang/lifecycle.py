@@ -10,7 +10,6 @@ is a no-op.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 

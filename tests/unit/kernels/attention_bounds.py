@@ -73,3 +73,25 @@ def merge_bounds(tol_out0, tol_lse0, tol_out1, tol_lse1, v_max, lse):
     lse_fin = torch.where(torch.isfinite(lse), lse.double().abs(), torch.zeros_like(lse, dtype=torch.float64))
     out = torch.maximum(tol_out0, tol_out1) + ((2 * dw + own) * 2 * v_max).unsqueeze(2)
     return out, t_l + own * (1 + lse_fin)
+
+
+def plan_reference(lay, q, slot_rows, read_slots, staged, sm_scale, dual: bool, block_kv: int = 16):
+    """For one planned (sub-)batch: the unsplit torch reference (out, lse) over its slot table and
+    the fp32 error bound of an implementation that attends to it - in one pass, or (dual) as
+    Attn0 over the resident entries and Attn1 over the staged ones merged by log-sum-exp.
+    q [T, h, D], slot_rows uint8 [S, B], read_slots int [T, k], staged bool [T, k]."""
+    from sgl_ess.attention.reference import sparse_mla_decode
+
+    q, rows, sl, staged = q.cpu(), slot_rows.cpu(), read_slots.cpu(), staged.cpu()
+    kv = lay.decode(rows[sl.clamp(min=0).long()])
+    want, lse = sparse_mla_decode(q, rows, sl, lay, sm_scale)
+    if not dual:
+        tol, _ = decode_bounds(q.float(), kv, sl >= 0, sm_scale, lay.kv_lora_rank, lse, block_kv, False)
+        return want, lse, tol
+    parts = []
+    for keep in ((sl >= 0) & ~staged, staged):
+        _, lse_p = sparse_mla_decode(q, rows, sl, lay, sm_scale, mask=keep)
+        parts += list(decode_bounds(q.float(), kv, keep, sm_scale, lay.kv_lora_rank, lse_p, block_kv, False))
+    v_max = kv[..., :lay.kv_lora_rank].abs().amax(dim=(1, 2)).double().unsqueeze(1)
+    tol, _ = merge_bounds(*parts, v_max, lse)
+    return want, lse, tol

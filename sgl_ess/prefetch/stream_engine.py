@@ -1,0 +1,106 @@
+"""StreamEngine (CUDA): CopyPlans run as FlashTrans kernels on a side stream of this process.
+
+The device layer of the data path on a GPU. `submit` forks the side stream from the current
+(compute) stream - so a plan sees every index and row the compute stream produced before it -
+launches the plan's zero-copy FlashTrans kernel there and records an event; `wait` makes the
+current stream wait on that event. Nothing blocks the host and nothing allocates on the host, so
+decode steps that use it can be captured in CUDA graphs (stream fork/join is capturable).
+
+Ordering replaces tags: the current stream cannot read a ring row before the event of the plan
+that fills it, so readers need not check ring tags (`ordered_on_device`). A host row is zeroed
+by a kernel on the same side stream, after every write the compute stream issued before the
+release (SGLang's writer stores new rows through a zero-copy view on that stream), and
+`fence_host` makes later writes wait for the zeroing: no race between a memset and an
+in-flight write-back can leak one request's data into another's row.
+
+Memory: borrows the store's StoreMemory; owns one stream, one event per outstanding plan, a
+one-row zero buffer, and per-tier row counters on the device (read only by `stats()`).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sgl_ess.kernels.flashtrans import copy_rows
+from sgl_ess.prefetch.engine import FetchEngine, Ticket
+from sgl_ess.prefetch.memory import StoreMemory
+from sgl_ess.prefetch.plan import TIERS, CopyPlan
+
+MAX_EVENTS = 4096
+
+
+class StreamEngine(FetchEngine):
+    name = "stream"
+    ordered_on_device = True
+
+    def __init__(self, mem: StoreMemory, backend: str = "auto", device: torch.device | str | None = None):
+        super().__init__(mem, backend)
+        if not torch.cuda.is_available():
+            raise RuntimeError("the stream engine needs CUDA; on CPU use --ess-prefetch-engine worker or inline")
+        self.device = torch.device(device) if device is not None else mem.slots.device
+        if self.device.type != "cuda":
+            raise ValueError(f"StreamEngine: the slot space is on {self.device}, expected a CUDA device")
+        self.stream = torch.cuda.Stream(self.device)
+        self.events: dict[int, torch.cuda.Event] = {}
+        self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
+        self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
+
+    def submit(self, plan: CopyPlan) -> Ticket:
+        t = self._assign_id(plan)
+        if plan.tier == "speculative" and plan.deadline_s is not None and time.monotonic() > plan.deadline_s:
+            self.tiers.dropped(plan.tier)
+            return t
+        cur = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(cur)
+        with torch.cuda.stream(self.stream):
+            src = plan.src_idx.to(self.device, non_blocking=True)
+            dst = plan.dst_idx.to(self.device, non_blocking=True)
+            self._run(plan, src, dst)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        # the index tensors were made on the compute stream and are read on the side stream
+        src.record_stream(self.stream)
+        dst.record_stream(self.stream)
+        self.events[plan.plan_id] = ev
+        if len(self.events) > MAX_EVENTS:          # recorded long ago and never waited on: drop
+            for pid in list(self.events)[: len(self.events) - MAX_EVENTS]:
+                del self.events[pid]
+        return t
+
+    def _run(self, plan: CopyPlan, src: torch.Tensor, dst: torch.Tensor) -> None:
+        mem = self.mem
+        if plan.kind == "zero":
+            zsrc = torch.where(dst >= 0, 0, -1)
+            for layer in range(mem.host.shape[0]):
+                copy_rows(self.zero_row, zsrc, mem.host[layer], dst, "triton")
+            self.rows[plan.tier] += (dst >= 0).sum()
+            return
+        if plan.kind == "h2s":
+            copy_rows(mem.host[plan.layer], src, mem.slots, dst, self.backend)
+        elif plan.kind == "s2h":
+            copy_rows(mem.slots, src, mem.host[plan.layer], dst, self.backend)
+        else:
+            copy_rows(mem.slots, src, mem.slots, dst, self.backend)
+        self.rows[plan.tier] += ((src >= 0) & (dst >= 0)).sum()
+
+    def wait(self, ticket: Ticket) -> None:
+        ev = self.events.pop(ticket.plan_id, None)
+        if ev is not None:
+            torch.cuda.current_stream(self.device).wait_event(ev)
+
+    def done(self, ticket: Ticket) -> bool:
+        ev = self.events.get(ticket.plan_id)
+        return ev is None or ev.query()
+
+    def drain(self) -> None:
+        """Order everything submitted so far before the current stream's next work (no host sync)."""
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self.events.clear()
+
+    def stats(self) -> dict:
+        s = super().stats()
+        for tier, n in self.rows.items():
+            s["tiers"][tier]["rows"] = int(n)       # a host read: metrics only
+            s["tiers"][tier]["busy_s"] = None       # not timed on the device (no host sync per plan)
+        return s

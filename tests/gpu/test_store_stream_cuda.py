@@ -1,0 +1,104 @@
+"""The store on CUDA end to end (skipped without CUDA): host pool in a shared segment page-locked
+in place (chunked cudaHostRegister), slot space on the device, the Triton resolver, FlashTrans
+over zero-copy views, the side-stream engine with event ordering, and the Triton sparse decode:
+attention equals the all-resident reference for none / da / dba; released host rows read zero
+after the fence; nothing syncs the host inside a step (checked by running a step under
+torch.cuda.set_sync_debug_mode('error'))."""
+import pytest
+import torch
+
+from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.attention.overlap import decode_layer, plan_layer
+from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
+from sgl_ess.store import LatentStore, RequestTable, StoreConfig
+from tests.unit.kernels.attention_bounds import plan_reference
+
+pytestmark = pytest.mark.gpu
+
+LAY = LatentLayout("fp8_flashmla", 512, 64)
+K, N, LAYERS, STEPS, SCALE = 256, 600, 3, 6, 0.05
+CONTEXTS = [4000, 700, 2500, 300]
+
+
+def _store():
+    cfg = StoreConfig(num_layers=LAYERS, row_bytes=LAY.row_bytes, host_capacity_tokens=sum(CONTEXTS) + 64,
+                      hot_slots_per_request=N, max_requests=8, topk=K, max_context_tokens=8192,
+                      device="cuda", ring_slots=300)
+    store = LatentStore(cfg, engine="auto")
+    assert store.engine.name == "stream" and store.resolver_backend == "triton" and store.host.pinned
+    return store, RequestTable(store)
+
+
+@pytest.mark.parametrize("mode", ["none", "da", "dba"])
+def test_decode_on_cuda_matches_reference(mode):
+    g = torch.Generator().manual_seed(0)
+    store, tab = _store()
+    ids = list(range(len(CONTEXTS)))
+    lat = {i: [torch.randn(c + STEPS, LAY.dim, generator=g) for _ in range(LAYERS)] for i, c in zip(ids, CONTEXTS)}
+    for i, c in zip(ids, CONTEXTS):
+        tab.add(i, c)
+        for layer in range(LAYERS):
+            store.write_host(layer, tab.host_locs(i), LAY.encode(lat[i][layer][:c]).cuda())
+    for step in range(STEPS):
+        pos = tab.extend(ids)
+        reqs, lens = tab.indices(ids), tab.seq_lens(ids)
+        q = torch.randn(len(ids), 16, LAY.dim, generator=g)
+        for layer in range(LAYERS):
+            new = LAY.encode(torch.stack([lat[i][layer][int(pos[j])] for j, i in enumerate(ids)]))
+            store.append(layer, reqs, pos, new.cuda(), tab.req_to_host)
+            topk = torch.stack([torch.cat([pos[j:j + 1].cpu(), torch.randperm(int(lens[j]) - 1, generator=g)[:K - 1]])
+                                for j in range(len(ids))])
+            steps = plan_layer(store, mode, layer, reqs, lens, topk.cuda(), tab.req_to_host, validate=False)
+            # the rows attention will read, before any commit moves them (a snapshot per plan)
+            snaps = []
+            out = decode_layer(store, mode, q.cuda(), steps,
+                               lambda qq, rows, sl: (snaps.append(rows.cpu().clone()),
+                                                     sparse_mla_decode_triton(qq, rows, sl, LAY, SCALE))[1])
+            torch.cuda.synchronize()
+            start = 0
+            for sp in steps:   # each plan against the unsplit torch reference, within the fp32 bound
+                b = sp.reqs.numel()
+                want, _, tol = plan_reference(LAY, q[start:start + b], snaps[-1], sp.read_slots, sp.staged,
+                                              SCALE, dual=mode != "none")
+                assert bool(((out[start:start + b].cpu().double() - want.double()).abs() <= tol).all())
+                start += b
+            # and the rows are the right ones: each entry reads the latent its top-k position names
+            dec = [LAY.decode(LAY.encode(lat[i][layer])) for i in ids]
+            got_rows = LAY.decode(snaps[-1][torch.cat([s.read_slots for s in steps]).cpu().clamp(min=0).long()])
+            want_rows = torch.stack([dec[j][topk[j]] for j in range(len(ids))])
+            assert torch.equal(got_rows, want_rows)
+    for i in ids:
+        tab.release(i)
+    torch.cuda.synchronize()
+    assert int(store.host.rows.sum()) == 0
+    store.shutdown()
+
+
+def test_a_planned_step_does_not_sync_the_host():
+    store, tab = _store()
+    tab.add("a", 3000)
+    reqs, lens = tab.indices(["a"]), tab.seq_lens(["a"])
+    topk = torch.randperm(3000)[:K].reshape(1, K).cuda()
+    plan_layer(store, "da", 0, reqs, lens, topk, tab.req_to_host, validate=False)   # warm (allocations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        steps = plan_layer(store, "da", 0, reqs, lens, topk, tab.req_to_host, validate=False)
+        for s in steps:
+            store.land(s)
+            store.commit(s)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    store.shutdown()
+
+
+def test_released_rows_are_zeroed_in_stream_order():
+    store, tab = _store()
+    tab.add("a", 500)
+    store.write_host(0, tab.host_locs("a"), torch.full((500, LAY.row_bytes), 7, dtype=torch.uint8, device="cuda"))
+    locs = tab.host_locs("a").clone()
+    store.clear_host(locs)          # a zero plan on the side stream, after the write above
+    store.fence_host()              # later writes wait for it
+    torch.cuda.synchronize()
+    assert int(store.host.rows[:, locs.cpu()].sum()) == 0
+    store.shutdown()

@@ -1,19 +1,24 @@
-"""ESS off vs ESS on, side by side, with SGLang's own ``bench_serving``.
+"""ESS off vs ESS on, side by side, with SGLang's own ``bench_serving``, at EQUAL DEVICE BYTES.
 
 One command::
 
     .venv/bin/python bench/serving_suite.py [--num-prompts 32] [--input-len 512] [--output-len 64]
 
-For each mode it starts ``python -m sgl_ess.launch_server`` (embedded tiny DeepSeek-V3.2,
-127.0.0.1, a free port) with the SAME device latent budget:
-  ESS off  --max-total-tokens BUDGET          (every latent in SGLang's device pool)
-  ESS on   hot buffers MAX_RUNNING x HOT_SLOTS = BUDGET, history in the host pool
-then runs ``python -m sglang.bench_serving --backend sglang`` (and, for the OpenAI backend,
-a short ``--backend sglang-oai`` pass), stops the server, and writes one JSON file to
-``bench/results/serving_<UTC time>.json`` with the commands, git commit, versions, and per
-mode: output tokens/s, average concurrency (bench_serving's figure), peak concurrency (polled
-from the server's ``#running-req``), completed requests. The servers run one after the other
-so they do not share the CPU.
+Like with like (issue 7): both servers get the same device memory for the KV side, counted the way
+each really spends it (the servers' own startup reports, ``/ess/status`` "memory"):
+  ESS on   hot buffers + staging + index keys for EVERY token of the host pool (the indexer scores
+           all tokens, so its keys stay on the device) -- the latent history itself is in host memory;
+  ESS off  latents + index keys for every token of SGLang's device pool.
+ESS on runs first with a host pool that holds the whole workload; its device bytes fix the ESS-off
+pool: tokens = device bytes / (layers x (latent row + index key row)). Model weights and the
+req_to_token map are the same in both and are reported, not counted.
+
+Per mode: a warm-up pass (other prompts, then /flush_cache), then the measured
+``python -m sglang.bench_serving --backend sglang`` (and a short ``--backend sglang-oai`` pass).
+Dataset: ``random-ids`` -- generated token ids, no download; bench_serving runs with
+HF_HUB_OFFLINE=1 / HF_DATASETS_OFFLINE=1, so it works on a machine without network. Results:
+``bench/results/serving_<UTC time>.json`` with commands, commit, versions and both memory reports.
+The servers run one after the other so they do not share the CPU.
 """
 
 from __future__ import annotations
@@ -112,13 +117,73 @@ def bench(base: str, backend: str, a, out_file: str) -> tuple[list[str], dict]:
            "--model", MODEL, "--tokenizer", MODEL, "--dataset-name", "random-ids",
            "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
            "--random-range-ratio", "1.0", "--num-prompts", str(a.num_prompts), "--request-rate", "inf",
-           "--seed", "1", "--disable-tqdm", "--output-file", out_file]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
+           "--seed", str(getattr(a, "seed", 1)), "--disable-tqdm", "--output-file", out_file]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"bench_serving failed rc={r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     with open(out_file) as fh:
         lines = [json.loads(x) for x in fh if x.strip()]
     return cmd, lines[-1]
+
+
+PAGE = 64   # DSA pools: 64-token pages
+
+
+def get_json(base: str, path: str) -> dict:
+    with urllib.request.urlopen(base + path, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def flush(base: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(base + "/flush_cache", method="POST"), timeout=120).read()
+
+
+def kv_device_bytes(memory: list[dict]) -> dict:
+    """The KV side of a server's startup report (device rows other than weights / req_to_token)."""
+    rows = {m["what"]: m["bytes"] for m in memory if m["where"] == "device"
+            and m["what"] not in ("model weights", "req_to_token map")}
+    return {"rows": rows, "total": sum(rows.values())}
+
+
+def off_pool_tokens(on_status: dict, on_device: int) -> tuple[int, dict]:
+    """ESS-off --max-total-tokens whose latents + index keys take `on_device` bytes."""
+    s = on_status["schedulers"][0]
+    layers = len((s.get("counters") or {}).get("layer_hits") or []) or None
+    mem = {m["what"]: m["bytes"] for m in on_status["memory"]}
+    host_rows = s["host_tokens_capacity"] + PAGE
+    latent_row = s["host_bytes"] // host_rows                     # all layers, per token
+    index_row = mem["index keys (every token)"] // host_rows       # all layers, per token
+    tokens = (on_device // (latent_row + index_row)) // PAGE * PAGE - PAGE
+    return tokens, {"latent_bytes_per_token": latent_row, "index_key_bytes_per_token": index_row,
+                    "layers": layers}
+
+
+def run_mode(name: str, args: list[str], a, tmp: str) -> tuple[dict, dict]:
+    log = os.path.join(tmp, f"{name}.log")
+    proc, base = start_server(args, log)
+    try:
+        status = get_json(base, "/ess/status")
+        warm = argparse.Namespace(**{**vars(a), "num_prompts": a.warmup_prompts, "seed": 2})
+        warm_cmd, _ = bench(base, "sglang", warm, os.path.join(tmp, f"{name}_warmup.jsonl"))
+        flush(base)
+        with PeakRunning(log) as peak:
+            cmd, res = bench(base, "sglang", a, os.path.join(tmp, f"{name}.jsonl"))
+        entry = {"server_args": args, "warmup_command": warm_cmd, "bench_command": cmd,
+                 "output_throughput_tok_s": res.get("output_throughput"),
+                 "avg_concurrency": res.get("concurrency"), "peak_running_requests": peak.peak,
+                 "completed": res.get("completed"), "num_prompts": a.num_prompts,
+                 "mean_ttft_ms": res.get("mean_ttft_ms"), "mean_itl_ms": res.get("mean_itl_ms"),
+                 "duration_s": res.get("duration"), "memory_report": status.get("memory"),
+                 "kv_device_bytes": kv_device_bytes(status.get("memory") or [])}
+        if a.oai_prompts:
+            b = argparse.Namespace(**{**vars(a), "num_prompts": a.oai_prompts})
+            oai_cmd, oai = bench(base, "sglang-oai", b, os.path.join(tmp, f"{name}_oai.jsonl"))
+            entry["openai_backend"] = {"command": oai_cmd, "completed": oai.get("completed"),
+                                       "output_throughput_tok_s": oai.get("output_throughput")}
+        return entry, status
+    finally:
+        stop_server(proc)
 
 
 def main() -> None:
@@ -128,53 +193,40 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--hot-slots", type=int, default=48, help="ESS on: hot slots per request per layer")
     p.add_argument("--max-running", type=int, default=32, help="--max-running-requests for both servers")
+    p.add_argument("--warmup-prompts", type=int, default=4, help="warm-up pass before each measured run")
     p.add_argument("--oai-prompts", type=int, default=4, help="prompts for the OpenAI-backend pass (0 = skip)")
     a = p.parse_args()
-    budget = a.hot_slots * a.max_running
     common = ["--max-running-requests", str(a.max_running), "--decode-log-interval", "1"]
-    modes = {
-        "ess_off": ["--ess-enabled", "false", "--max-total-tokens", str(budget), *common],
-        "ess_on": ["--ess-hot-slots-per-request", str(a.hot_slots), *common,
-                   "--max-total-tokens", str(max(65536, 2 * a.num_prompts * (a.input_len + a.output_len)))],
-    }
+    # ESS on: a host pool that holds the whole workload (every request's prompt + output + a page)
+    host_tokens = -(-a.num_prompts * (a.input_len + a.output_len + PAGE) // PAGE) * PAGE
+    on_args = ["--ess-hot-slots-per-request", str(a.hot_slots), *common, "--max-total-tokens", str(host_tokens)]
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    report = {"suite": "serving", "device_latent_budget_tokens_per_layer": budget, "workload": vars(a),
-              "modes": {}}
+    report = {"suite": "serving", "workload": vars(a), "dataset": "random-ids (generated token ids, offline)",
+              "accounting": "equal device bytes: ESS on = hot buffers + staging + index keys of every host-pool "
+                            "token; ESS off = latents + index keys of every device-pool token", "modes": {}}
     tmp = tempfile.mkdtemp(prefix="sgl_ess_bench_")
-    for name, args in modes.items():
-        log = os.path.join(tmp, f"{name}.log")
-        proc, base = start_server(args, log)
-        try:
-            with PeakRunning(log) as peak:
-                cmd, res = bench(base, "sglang", a, os.path.join(tmp, f"{name}.jsonl"))
-            entry = {"server_args": args, "bench_command": cmd,
-                     "output_throughput_tok_s": res.get("output_throughput"),
-                     "avg_concurrency": res.get("concurrency"), "peak_running_requests": peak.peak,
-                     "completed": res.get("completed"), "num_prompts": a.num_prompts,
-                     "mean_ttft_ms": res.get("mean_ttft_ms"), "mean_itl_ms": res.get("mean_itl_ms"),
-                     "duration_s": res.get("duration")}
-            if a.oai_prompts:
-                b = argparse.Namespace(**{**vars(a), "num_prompts": a.oai_prompts})
-                oai_cmd, oai = bench(base, "sglang-oai", b, os.path.join(tmp, f"{name}_oai.jsonl"))
-                entry["openai_backend"] = {"command": oai_cmd, "completed": oai.get("completed"),
-                                           "output_throughput_tok_s": oai.get("output_throughput")}
-            report["modes"][name] = entry
-        finally:
-            stop_server(proc)
-    on, off = report["modes"]["ess_on"], report["modes"]["ess_off"]
+    on, on_status = run_mode("ess_on", on_args, a, tmp)
+    budget = on["kv_device_bytes"]["total"]
+    off_tokens, per_token = off_pool_tokens(on_status, budget)
+    off_args = ["--ess-enabled", "false", "--max-total-tokens", str(off_tokens), *common]
+    off, _ = run_mode("ess_off", off_args, a, tmp)
+    report["modes"] = {"ess_off": off, "ess_on": on}
+    report["device_budget"] = {"ess_on_kv_device_bytes": budget, "ess_off_kv_device_bytes": off["kv_device_bytes"]["total"],
+                               "ess_off_pool_tokens": off_tokens, "ess_on_host_pool_tokens": host_tokens, **per_token}
     report["ratios_on_over_off"] = {
         "output_throughput": on["output_throughput_tok_s"] / off["output_throughput_tok_s"],
         "peak_running_requests": on["peak_running_requests"] / max(1, off["peak_running_requests"]),
         "avg_concurrency": on["avg_concurrency"] / off["avg_concurrency"],
     }
     out = write_result(f"serving_{stamp}", report)
-    print(f"{'mode':8} {'out tok/s':>10} {'avg conc':>9} {'peak run':>9} {'completed':>10}")
+    print(f"{'mode':8} {'KV dev MB':>9} {'out tok/s':>10} {'avg conc':>9} {'peak run':>9} {'completed':>10}")
     for name, e in report["modes"].items():
-        print(f"{name:8} {e['output_throughput_tok_s']:>10.1f} {e['avg_concurrency']:>9.2f} "
-              f"{e['peak_running_requests']:>9} {e['completed']:>6}/{e['num_prompts']}")
+        print(f"{name:8} {e['kv_device_bytes']['total'] / 1e6:>9.2f} {e['output_throughput_tok_s']:>10.1f} "
+              f"{e['avg_concurrency']:>9.2f} {e['peak_running_requests']:>9} {e['completed']:>6}/{e['num_prompts']}")
     r = report["ratios_on_over_off"]
     print(f"ESS on / off: output tok/s {r['output_throughput']:.2f}x, peak running {r['peak_running_requests']:.2f}x, "
-          f"avg concurrency {r['avg_concurrency']:.2f}x (same device latent budget: {budget} rows per layer)")
+          f"avg concurrency {r['avg_concurrency']:.2f}x (equal KV device bytes: {budget / 1e6:.2f} MB; "
+          f"ESS off pool {off_tokens} tokens)")
     print("wrote", out)
 
 

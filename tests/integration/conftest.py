@@ -51,3 +51,18 @@ def server_off():
     yield srv
     srv.stop()
     assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
+
+
+# --- operations (issue 7): guard, admission, metrics, health -------------------------------------
+OPS_HOST_POOL_GB = 0.0013312   # = (4096 + one 64-token page) x 2 layers x 160 B: a 4096-token host pool
+OPS_POOL_TOKENS = 4096
+
+
+@pytest.fixture(scope="session")
+def server_ops():
+    """ESS on, --enable-metrics, the host pool sized by --ess-memory-pool-size-gb alone (4096 tokens)."""
+    srv = _start("ess_ops", ["--ess-hot-slots-per-request", str(HOT_SLOTS), "--max-running-requests", "8",
+                             "--ess-memory-pool-size-gb", str(OPS_HOST_POOL_GB), "--enable-metrics"])
+    yield srv
+    srv.stop()
+    assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"

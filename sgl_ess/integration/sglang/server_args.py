@@ -1,29 +1,34 @@
-"""``python -m sgl_ess.launch_server``: SGLang's own flags plus ``--ess-*`` and ``--ess-config``.
+"""``python -m sgl_ess.launch_server``: SGLang's own flags plus ``--ess-*``, ``--ess-config`` and the
+request-guard / operations flags (``--guard-*``, ``--metrics-*``, ``--health-*``).
 
-The ESS flags are parsed and validated first (sgl_ess.config), then removed from argv; the
-rest goes to SGLang's own ``prepare_server_args`` and ``run_server`` unchanged, so every
-SGLang flag (and ``--config``) keeps its meaning. Missing flags get the embedded defaults:
-the tiny DeepSeek-V3.2 model with random weights, 127.0.0.1, the CPU when there is no CUDA.
-The validated ESS config reaches SGLang's scheduler processes as JSON in ``SGLESS_CONFIG``.
+Order of events (everything before "load the model" takes seconds):
+  1. parse and validate the ESS and operations flags (sgl_ess.config, sgl_ess.serving.ops_config);
+  2. fill the launcher's defaults and size the token pool (launcher_defaults.py), check hot-slot
+     feasibility and that ``--host:--port`` is free (sgl_ess.serving.preflight);
+  3. set the process environment (process_env.py), load the plugins, let SGLang resolve its args;
+  4. install /ess/status, the request guard and /health on SGLang's app; start SGLang's HTTP server
+     with sgl-ess's TokenizerManager (tokenizer.py) and crash handler (crash_handler.py).
+Exit codes: sgl_ess.serving.exit_codes (2 configuration, 3 port in use, 4 startup, 5 crash).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 
-from sgl_ess.config import ENV_CONFIG_JSON, FIELDS, EssConfig, EssConfigError, build_config
-from sgl_ess.models import TINY_DSV32_DIR
+from sgl_ess.config import ENV_CONFIG_JSON, FIELDS, EssConfigError, build_config
+from sgl_ess.serving import exit_codes
+from sgl_ess.serving.ops_config import ENV_OPS_JSON, OpsConfigError, add_ops_args, build_ops_config
+from sgl_ess.serving.preflight import PortInUse, PreflightError, check_port
+
+from . import process_env
+from .launcher_defaults import fill_defaults, flag_value, has_flag, int_flag, sizing_json
+from .status_route import ENV_POOL_SIZING
 
 logger = logging.getLogger("sgl_ess")
-
-DEFAULT_PORT = 30000
-DEFAULT_MAX_RUNNING_REQUESTS = 64
-DEFAULT_HOST_TOKENS = 65536          # ESS on: host pool tokens when nothing sizes it
-DEFAULT_DEVICE_TOKENS = 16384        # ESS off: device pool tokens when nothing sizes it
+PROG = "python -m sgl_ess.launch_server"
 
 
 def add_ess_args(parser: argparse.ArgumentParser) -> None:
@@ -38,100 +43,63 @@ def add_ess_args(parser: argparse.ArgumentParser) -> None:
                        help=f"{f.help} (default: {f.default})")
 
 
-def _has(argv: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
-def _value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def _latent_row_bytes(model_path: str) -> tuple[int, int] | None:
-    """(layers, bytes per token per layer in bf16) from a local config.json, or None."""
-    try:
-        with open(os.path.join(model_path, "config.json")) as fh:
-            c = json.load(fh)
-        return c["num_hidden_layers"], (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 2
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> list[str]:
-    """Add what the user left out: model, load format, host, device, backend, pool sizes."""
-    out = list(argv)
-    eng = cfg.engine
-    if not _has(out, "--model-path") and not _has(out, "--model"):
-        model = eng.get("model_name") or TINY_DSV32_DIR
-        out += ["--model-path", model]
-        if model == TINY_DSV32_DIR and not _has(out, "--load-format"):
-            out += ["--load-format", "dummy"]
-            os.environ.setdefault("SGLESS_DUMMY_INIT", "scaled")
-    if not _has(out, "--host"):
-        out += ["--host", "127.0.0.1"]
-    if not _has(out, "--port"):
-        out += ["--port", str(DEFAULT_PORT)]
-    if not has_cuda and not _has(out, "--device"):
-        out += ["--device", "cpu"]
-    if not has_cuda and not _has(out, "--sleep-on-idle"):
-        out += ["--sleep-on-idle"]   # an idle CPU scheduler otherwise spins a core
-    if not _has(out, "--attention-backend"):
-        out += ["--attention-backend", "ess" if (cfg.enabled or not has_cuda) else "dsa"]
-    if not _has(out, "--max-running-requests"):
-        out += ["--max-running-requests", str(eng.get("decode_batch_size", DEFAULT_MAX_RUNNING_REQUESTS))]
-    if not _has(out, "--max-total-tokens"):
-        tokens = DEFAULT_HOST_TOKENS if cfg.enabled else DEFAULT_DEVICE_TOKENS
-        geo = _latent_row_bytes(_value(out, "--model-path") or "")
-        if cfg.enabled and cfg.memory_pool_size_gb and geo:
-            layers, row = geo
-            tokens = int(cfg.memory_pool_size_gb * 1e9) // (layers * row)
-        out += ["--max-total-tokens", str(tokens)]
-    return out
-
-
-def split_ess_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(add_help=False)
     add_ess_args(p)
+    add_ops_args(p)
     return p.parse_known_args(argv)
 
 
 def print_help() -> None:
+    """The ESS and operations groups first, then SGLang's own flags (``ess`` among the backends)."""
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.server_args import ServerArgs
 
+    from .targets import ESS_BACKEND_NAME
+
     p = argparse.ArgumentParser(
-        prog="python -m sgl_ess.launch_server",
+        prog=PROG, add_help=False, usage=f"{PROG} [ESS flags] [guard/operations flags] [SGLang flags]",
         description="SGLang server with the ESS latent store. With no arguments: the embedded tiny "
-                    "DeepSeek-V3.2 model (random weights) on 127.0.0.1:30000, ESS on.")
+                    "DeepSeek-V3.2 model (random weights) on 127.0.0.1:30000, ESS on. Exit codes: "
+                    "0 ok, 2 configuration refused, 3 port in use, 4 startup failed, 5 a server process died.")
     add_ess_args(p)
-    ServerArgs.add_cli_args(p)
-    p.print_help()
+    add_ops_args(p)
+    print(p.format_help())
+    if ESS_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([ESS_BACKEND_NAME])
+    sp = argparse.ArgumentParser(prog=PROG, usage=argparse.SUPPRESS,
+                                 description="SGLang 0.5.23 server flags (unchanged; the launcher fills model, "
+                                             "host, device, backend and pool size when they are not given):")
+    ServerArgs.add_cli_args(sp)
+    print(sp.format_help())
 
 
-def resolve(argv: list[str], has_cuda: bool) -> tuple[EssConfig, list[str]]:
-    """ESS config + the argv for SGLang. Raises EssConfigError."""
-    ns, rest = split_ess_argv(argv)
+def resolve(argv: list[str], has_cuda: bool):
+    """(ESS config, operations flags, argv for SGLang, pool sizing). Raises on any refused value."""
+    ns, rest = split_argv(argv)
     flags = {f.name: getattr(ns, "ess_" + f.name) for f in FIELDS}
     cfg = build_config(ns.ess_config, flags)
-    return cfg, fill_defaults(rest, cfg, has_cuda)
+    sgl_argv, sizing = fill_defaults(rest, cfg, has_cuda)
+    return cfg, ns, sgl_argv, sizing
 
 
-def install_status_route() -> None:
-    """GET /ess/status -> host-pool and hot-buffer usage of every scheduler (DP rank)."""
-    from sglang.srt.entrypoints import http_server
+def _die(code: int, message: str) -> None:
+    kind = "error" if code in (exit_codes.CONFIG, exit_codes.PORT_IN_USE) else "fatal"
+    print(f"sgl_ess.launch_server: {kind}: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
 
-    if any(getattr(r, "path", None) == "/ess/status" for r in http_server.app.routes):
-        return
 
-    @http_server.app.get("/ess/status")
-    async def ess_status():
-        states = await http_server.get_global_state().tokenizer_manager.get_internal_state()
-        cfg = os.environ.get(ENV_CONFIG_JSON)
-        return {"config": json.loads(cfg) if cfg else None,
-                "schedulers": [s.get("ess", {"enabled": False}) for s in states]}
+def _serve(server_args) -> None:
+    from sglang.launch_server import run_server
+
+    from . import crash_handler, tokenizer
+
+    if server_args.smg_grpc_mode or server_args.encoder_only or server_args.use_ray:
+        return run_server(server_args)                  # other front ends: SGLang's own dispatch
+    from sglang.srt.entrypoints.http_server import launch_server
+
+    launch_server(server_args, init_tokenizer_manager_func=tokenizer.init_tokenizer_manager,
+                  launch_callback=crash_handler.on_ready)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -143,25 +111,55 @@ def main(argv: list[str] | None = None) -> None:
 
     has_cuda = torch.cuda.is_available()
     try:
-        cfg, sgl_argv = resolve(argv, has_cuda)
-    except EssConfigError as e:
-        print(f"sgl_ess.launch_server: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        cfg, ns, sgl_argv, sizing = resolve(argv, has_cuda)
+        ops = build_ops_config(ns, enable_metrics=has_flag(sgl_argv, "--enable-metrics"),
+                               enable_deterministic_inference=has_flag(sgl_argv, "--enable-deterministic-inference"))
+        host, port = flag_value(sgl_argv, "--host"), int_flag(sgl_argv, "--port")
+        check_port(host, port)
+    except PortInUse as e:
+        _die(exit_codes.PORT_IN_USE, str(e))
+    except (EssConfigError, OpsConfigError, PreflightError) as e:
+        _die(exit_codes.CONFIG, str(e))
     os.environ[ENV_CONFIG_JSON] = cfg.to_json()
-    if not has_cuda:
-        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ[ENV_OPS_JSON] = ops.to_json()
+    os.environ[ENV_POOL_SIZING] = sizing_json(sizing)
+    process_env.apply(host, has_cuda, int_flag(sgl_argv, "--nnodes") or 1, flag_value(sgl_argv, "--dist-init-addr"))
 
-    from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
+
+    from . import crash_handler, health, ops_hooks, request_guard, runtime_config, status_route
 
     load_plugins()
-    server_args = prepare_server_args(sgl_argv)
-    logger.info("%s", cfg.summary())
-    logger.info("sgl_ess.launch_server: SGLang args: %s", " ".join(sgl_argv))
-    install_status_route()
+    if not ops_hooks.is_loaded():
+        _die(exit_codes.CONFIG, "the sgl_ess_ops plugin entry point did not load (see the log above); "
+                                "reinstall sgl-ess: bash launch/setup.sh, or pip install -e .")
     try:
-        run_server(server_args)
+        server_args = prepare_server_args(sgl_argv)
+        server_args.custom_sigquit_handler = crash_handler.launch_phase_handler
+        server_args.resolve_once()                      # SGLang's own checks, still before the model loads
+    except (ValueError, TypeError) as e:
+        _die(exit_codes.CONFIG, f"SGLang refused the arguments: {e}")
+    logger.info("%s", cfg.summary())
+    logger.info("sgl_ess.launch_server: pool: %s", sizing_json(sizing))
+    logger.info("sgl_ess.launch_server: SGLang args: %s", " ".join(sgl_argv))
+    status_route.install()
+    runtime_config.install_route()                      # POST /ess/overlap_level (runtime_config.py)
+    request_guard.install(ops)
+    health.install(ops.health_timeout_s)
+    from .runtime_config import install_route
+
+    install_route()               # POST /ess/overlap_level
+    try:
+        _serve(server_args)
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # noqa: BLE001 - one line and a distinct code instead of a bare traceback
+        logger.exception("server failed")
+        code = exit_codes.PROCESS_DIED if crash_handler.is_ready() else exit_codes.STARTUP_FAILED
+        crash_handler.fatal_exit(code, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
     finally:
+        process_env.cleanup()
+        from sglang.srt.utils import kill_process_tree
+
         kill_process_tree(os.getpid(), include_parent=False)

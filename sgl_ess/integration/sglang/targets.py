@@ -21,6 +21,7 @@ UPDATE_HANDLERS = ("sglang.srt.managers.scheduler_components.internal_state."
 INTERNAL_STATE = ("sglang.srt.managers.scheduler_components.internal_state."
                   "SchedulerInternalStateController.get_internal_state")
 SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
+BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
 
 PATCHED = {
     MODEL_SPECIFIC_ADJUSTMENTS: "AROUND: answer torch.cuda.get_device_capability() with (9, 0) during DSA "
@@ -30,7 +31,11 @@ PATCHED = {
     PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
     DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",
-    INTERNAL_STATE: "AFTER: add ESS host-pool / hot-buffer usage to the scheduler's internal state",
+    INTERNAL_STATE: "AFTER (two hooks): ESS host-pool / hot-buffer usage (ess) and the pool split / queue "
+                    "(ess_ops) into the scheduler's internal state",
+    SCHEDULER_INIT_INFO: "AFTER: once per scheduler when it is ready: memory report, metrics thread",
+    BATCH_INVARIANT_MODE: "AROUND: without CUDA/XPU, deterministic mode skips SGLang's GPU-only batch-invariant "
+                          "kernels (seeded sampling stays on)",
     RESOLVE_KV_POOL_CLASS: "AROUND: ESS on -> the DSA pool class gets host-backed latent buffers (host_pool_class.py)",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
 }

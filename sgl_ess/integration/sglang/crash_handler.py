@@ -1,0 +1,113 @@
+"""One clear line and a distinct exit code when a server process dies (sgl_ess.serving.exit_codes).
+
+SGLang 0.5.23 answers a dead child (its SubprocessWatchdog, or a scheduler exception) with SIGQUIT
+to the launcher, whose handler waits 5 s plus 60 s "for CUDA coredumps" (also on CPU machines),
+then SIGKILLs the whole tree including itself: exit 137, which supervisors read as out-of-memory.
+Here (official seams: ``ServerArgs.custom_sigquit_handler`` for the launch phase and the
+TokenizerManager's ``signal_handler_class`` for the serving phase, set by tokenizer.py) the
+launcher names the process that died, stops the others, and exits with STARTUP_FAILED (4) or
+PROCESS_DIED (5). The launcher turns the coredump / py-spy waits off on machines without CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import psutil
+
+from sgl_ess.serving import exit_codes
+
+logger = logging.getLogger("sgl_ess.launch_server")
+_children: dict[int, str] = {}    # pid -> process title, recorded when the server is ready
+_ready = False
+
+
+def _title(p: psutil.Process) -> str:
+    try:
+        return p.name() or " ".join(p.cmdline()[:1])
+    except psutil.Error:
+        return f"pid {p.pid}"
+
+
+def on_ready() -> None:
+    """launch_callback: the server is up; remember its processes to name the one that dies."""
+    global _ready
+    _ready = True
+    for p in psutil.Process().children(recursive=True):
+        _children[p.pid] = _title(p)
+
+
+def is_ready() -> bool:
+    return _ready
+
+
+def _dead_children() -> list[str]:
+    dead = []
+    for pid, name in _children.items():
+        try:
+            st = psutil.Process(pid).status()
+            if st != psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:
+            pass
+        code = None
+        try:
+            wpid, status = os.waitpid(pid, os.WNOHANG)
+            if wpid == pid:
+                code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            pass
+        how = "" if code is None else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
+        dead.append(f"{name} pid {pid}{how}")
+    return dead
+
+
+def fatal_exit(code: int, what: str) -> None:
+    """Print one line, stop every child, exit with `code` (never returns)."""
+    line = f"sgl_ess.launch_server: fatal: {what}; stopped all server processes (exit {code}, " \
+           f"{exit_codes.NAMES[code]})"
+    logger.error(line)
+    print(line, file=sys.stderr, flush=True)
+    try:
+        from sglang.srt.utils import kill_process_tree
+
+        kill_process_tree(os.getpid(), include_parent=False, wait_timeout=10)
+    except Exception:  # noqa: BLE001 - exiting anyway; what failed is in the log above
+        logger.exception("stopping server processes")
+    os._exit(code)
+
+
+def launch_phase_handler(signum=None, frame=None) -> None:
+    """ServerArgs.custom_sigquit_handler: a child died before the server was ready."""
+    fatal_exit(exit_codes.STARTUP_FAILED, "a server process failed while starting (its error is above)")
+
+
+def _running_phase(tokenizer_manager) -> None:
+    watchdog = getattr(tokenizer_manager, "_subprocess_watchdog", None)
+    if watchdog is not None:
+        watchdog.stop()
+    try:
+        tokenizer_manager.dump_requests_before_crash()     # returns at once unless --crash-dump-folder
+    except Exception:  # noqa: BLE001
+        logger.exception("crash dump")
+    if not _ready:
+        launch_phase_handler()
+    dead = _dead_children()
+    what = ("server process died while serving: " + ", ".join(dead)) if dead else \
+        "a server process reported a fatal error while serving (its error is above)"
+    fatal_exit(exit_codes.PROCESS_DIED, what)
+
+
+def _signal_handler_class():
+    from sglang.srt.managers.tokenizer_manager import SignalHandler
+
+    class EssSignalHandler(SignalHandler):
+        def running_phase_sigquit_handler(self, signum=None, frame=None):
+            _running_phase(self.tokenizer_manager)
+
+    return EssSignalHandler
+
+
+EssSignalHandler = _signal_handler_class()

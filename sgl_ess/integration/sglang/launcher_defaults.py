@@ -1,0 +1,112 @@
+"""What ``python -m sgl_ess.launch_server`` adds to the user's SGLang flags, and how the token
+pool is sized. Everything here runs before SGLang is imported and before the model loads.
+
+Pool sizing, honestly (with ESS on, SGLang's token pool IS the host latent pool):
+  * ``--ess-memory-pool-size-gb G`` (flag or YAML) alone -> ``--max-total-tokens`` for G GB;
+  * ``--max-total-tokens N`` alone -> N tokens;
+  * both -> refused unless they give the same tokens (one of them would otherwise be ignored);
+  * neither -> the launcher default (65536 tokens with ESS on, 16384 off).
+With ESS off a host-pool budget has no meaning: it is reported and warned about, not applied.
+The result is exported as ``SGLESS_POOL_SIZING`` and shown by /ess/status next to the bytes
+each scheduler really allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from sgl_ess.config import EssConfig
+from sgl_ess.models import TINY_DSV32_DIR
+from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_hot_slots, model_geometry,
+                                       resolve_pool_tokens)
+
+logger = logging.getLogger("sgl_ess")
+
+DEFAULT_PORT = 30000
+DEFAULT_MAX_RUNNING_REQUESTS = 64
+DEFAULT_HOST_TOKENS = 65536          # ESS on: host pool tokens when nothing sizes it
+DEFAULT_DEVICE_TOKENS = 16384        # ESS off: device pool tokens when nothing sizes it
+EMBEDDED_MODEL_NAME = "tiny_dsv32"
+
+
+def has_flag(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def int_flag(argv: list[str], flag: str) -> int | None:
+    v = flag_value(argv, flag)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise PreflightError(f"{flag}: got {v!r}; expected an integer")
+
+
+def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list[str], dict]:
+    """(argv for SGLang with the launcher's defaults, pool sizing). Raises PreflightError."""
+    out = list(argv)
+    eng = cfg.engine
+    if not has_flag(out, "--model-path") and not has_flag(out, "--model"):
+        model = eng.get("model_name") or TINY_DSV32_DIR
+        out += ["--model-path", model]
+        if model == TINY_DSV32_DIR:
+            if not has_flag(out, "--load-format"):
+                out += ["--load-format", "dummy"]
+                os.environ.setdefault("SGLESS_DUMMY_INIT", "scaled")
+            if not has_flag(out, "--served-model-name"):
+                out += ["--served-model-name", EMBEDDED_MODEL_NAME]   # not a server path in /v1/models
+    if not has_flag(out, "--host"):
+        out += ["--host", "127.0.0.1"]
+    if not has_flag(out, "--port"):
+        out += ["--port", str(DEFAULT_PORT)]
+    if not has_cuda and not has_flag(out, "--device"):
+        out += ["--device", "cpu"]
+    if not has_cuda and not has_flag(out, "--sleep-on-idle"):
+        out += ["--sleep-on-idle"]   # an idle CPU scheduler otherwise spins a core
+    if not has_flag(out, "--attention-backend"):
+        out += ["--attention-backend", "ess" if (cfg.enabled or not has_cuda) else "dsa"]
+    if not has_flag(out, "--max-running-requests"):
+        out += ["--max-running-requests", str(eng.get("decode_batch_size", DEFAULT_MAX_RUNNING_REQUESTS))]
+    if has_flag(out, "--enable-deterministic-inference") and not has_flag(out, "--disable-radix-cache"):
+        # prefix-cached extends are not bit-identical to full prefills on the CPU torch path
+        out += ["--disable-radix-cache"]
+        logger.warning("--enable-deterministic-inference: adding --disable-radix-cache (a prefix-cached "
+                       "request is not bit-identical to the same request computed whole)")
+    workers = int_flag(out, "--tokenizer-worker-num")
+    if workers is not None and workers > 1:
+        raise PreflightError(f"--tokenizer-worker-num {workers}: sgl_ess.launch_server's request guard and "
+                             f"admission run in the one HTTP process; expected 1")
+    geo = model_geometry(flag_value(out, "--model-path") or flag_value(out, "--model") or "")
+    page = int_flag(out, "--page-size") or DSA_PAGE_SIZE
+    given = int_flag(out, "--max-total-tokens")
+    default = DEFAULT_HOST_TOKENS if cfg.enabled else DEFAULT_DEVICE_TOKENS
+    tokens, source = resolve_pool_tokens(cfg.enabled, cfg.memory_pool_size_gb, given, geo, page, default)
+    if given is None:
+        out += ["--max-total-tokens", str(tokens)]
+    if not cfg.enabled and cfg.memory_pool_size_gb:
+        logger.warning("memory_pool_size_gb=%g is NOT applied: ESS is off, so there is no host pool; the device "
+                       "pool has %d tokens (%s)", cfg.memory_pool_size_gb, tokens, source)
+    sizing = {"tokens": tokens, "source": source, "ess_enabled": cfg.enabled, "page_size": page,
+              "memory_pool_size_gb_requested": cfg.memory_pool_size_gb or None}
+    if cfg.enabled and geo is not None:
+        sizing["host_bytes_expected"] = (tokens + page) * geo.layers * geo.latent_row_bytes
+        running = int_flag(out, "--max-running-requests")
+        sizing["hot_slots_per_request"] = check_hot_slots(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
+                                                          geo, running)
+    return out, sizing
+
+
+def sizing_json(sizing: dict) -> str:
+    return json.dumps(sizing, sort_keys=True)

@@ -1,0 +1,77 @@
+"""The operations side of the plugin: its own ``sglang.srt.plugins`` entry point (pyproject.toml,
+``sgl_ess_ops``), loaded by SGLang in every process next to ``plugin.py``.
+
+  * ``ess`` is a deterministic-inference backend (official seams
+    ``add_deterministic_attention_backend_choices`` and
+    ``add_radix_supported_deterministic_attention_backend_choices``): its attention is an fp32
+    gather + softmax computed per query; SGLang refuses DeepSeek models under
+    --enable-deterministic-inference unless the backend is in both lists. The launcher still
+    turns the radix cache off in that mode (prefix-cached extends are not bit-identical to full
+    prefills on the CPU torch path; see tests/integration/test_prefix_cache.py).
+  * ``Scheduler.get_init_info`` AFTER hook (scheduler_probe.py): memory report, metrics thread.
+  * ``ModelRunner.maybe_enable_batch_invariant_mode`` AROUND: SGLang's batch-invariant kernels
+    (Triton) exist only for CUDA/XPU and raise on CPU; without such a device deterministic mode
+    keeps SGLang's seeded sampling (``sampling_seed``) and skips them, with a warning that
+    outputs can still depend on what else is in the batch.
+  * internal state AFTER hook: adds ``ess_ops`` (token pool live / cached / free, queue) next to
+    the store's ``ess`` usage, for /ess/status, /health and the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from . import targets
+
+logger = logging.getLogger(__name__)
+_loaded = False
+
+
+def _after_internal_state(result, controller=None, *args, **kwargs):
+    from .scheduler_state import ops_state
+
+    try:
+        result.internal_state["ess_ops"] = ops_state(getattr(controller, "scheduler", None))
+    except Exception:  # noqa: BLE001 - status must not break the scheduler's internal-state reply
+        logger.exception("ess_ops internal state")
+    return result
+
+
+def _around_batch_invariant_mode(original_fn, *args, **kwargs):
+    import torch
+
+    if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        return original_fn(*args, **kwargs)
+    logger.warning("--enable-deterministic-inference without CUDA/XPU: seeded sampling is on, SGLang's "
+                   "batch-invariant kernels are not (GPU-only): a seeded request reproduces, but its output "
+                   "may still depend on the other requests batched with it")
+    return None
+
+
+def is_loaded() -> bool:
+    return _loaded
+
+
+def load_plugin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from sglang.srt.arg_groups.choices import (
+        DETERMINISTIC_ATTENTION_BACKEND_CHOICES,
+        RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND,
+        add_deterministic_attention_backend_choices,
+        add_radix_supported_deterministic_attention_backend_choices,
+    )
+
+    from .scheduler_probe import _after_get_init_info
+
+    if targets.ESS_BACKEND_NAME not in DETERMINISTIC_ATTENTION_BACKEND_CHOICES:
+        add_deterministic_attention_backend_choices([targets.ESS_BACKEND_NAME])
+    if targets.ESS_BACKEND_NAME not in RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND:
+        add_radix_supported_deterministic_attention_backend_choices([targets.ESS_BACKEND_NAME])
+    HookRegistry.register(targets.SCHEDULER_INIT_INFO, _after_get_init_info, HookType.AFTER)
+    HookRegistry.register(targets.INTERNAL_STATE, _after_internal_state, HookType.AFTER)
+    HookRegistry.register(targets.BATCH_INVARIANT_MODE, _around_batch_invariant_mode, HookType.AROUND)

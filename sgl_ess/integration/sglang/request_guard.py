@@ -1,0 +1,181 @@
+"""The request guard: an ASGI middleware in front of SGLang's FastAPI app (official seam:
+``sglang.srt.entrypoints.http_server.app``), installed by the launcher before the server starts.
+
+Inbound: POST bodies of /v1/completions, /v1/chat/completions and /generate are checked by
+``sgl_ess.serving.request_rules`` and refused with a 400 (404 for an unknown model) that names the
+field and the allowed range; the scheduler never sees them. Accepted bodies are replayed to SGLang
+unchanged. Outbound: every JSON error body (any route, any status >= 400) and every streamed
+``error`` event is scrubbed of server paths and tracebacks (``sgl_ess.serving.sanitize``); 5xx
+bodies say only that the server failed. The full text stays in the server log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Optional
+
+from sgl_ess.serving.ops_config import OpsConfig
+from sgl_ess.serving.request_rules import GUARDED_PATHS, Refusal, ServingFacts, check
+from sgl_ess.serving.sanitize import scrub
+
+logger = logging.getLogger("sgl_ess.guard")
+
+
+def serving_facts(deterministic: bool) -> Optional[ServingFacts]:
+    """Facts the rules need, from SGLang's HTTP-process state (None until the server is up)."""
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.entrypoints.openai.protocol import DEFAULT_MODEL_NAME
+
+    state = http_server.get_global_state()
+    if state is None:
+        return None
+    tm = state.tokenizer_manager
+    names = [getattr(tm, "served_model_name", None), DEFAULT_MODEL_NAME, getattr(tm, "model_path", None)]
+    vocab = getattr(getattr(tm, "model_config", None), "vocab_size", None)
+    return ServingFacts(vocab_size=vocab, model_names=tuple(dict.fromkeys(n for n in names if n)),
+                        deterministic=deterministic)
+
+
+def error_body(path: str, status: int, message: str, param: Optional[str] = None, code: str = "") -> bytes:
+    """SGLang's own error shapes: OpenAI-style for /v1/*, {"error": {...}} elsewhere."""
+    if path.startswith("/v1/"):
+        body = {"object": "error", "message": message, "type": code or "BadRequestError", "param": param,
+                "code": status}
+    else:
+        body = {"error": {"message": message, "param": param, "code": status}}
+    return json.dumps(body).encode()
+
+
+async def _send_json(send, status: int, payload: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _scrub_json(obj, server_error: bool):
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if k in ("message", "detail", "msg") and isinstance(v, str):
+                out[k] = "internal server error (details are in the server log)" if server_error else scrub(v)
+            else:
+                out[k] = _scrub_json(v, server_error)
+        return out
+    if isinstance(obj, list):
+        return [_scrub_json(v, server_error) for v in obj]
+    if isinstance(obj, str) and server_error:
+        return scrub(obj)
+    return obj
+
+
+class _ScrubbingSend:
+    """Wraps `send`: buffers JSON error bodies and rewrites them; scrubs streamed error events."""
+
+    def __init__(self, send):
+        self.send = send
+        self.status = 200
+        self.headers = []
+        self.buffer: Optional[bytearray] = None
+        self.stream = False
+
+    async def __call__(self, message):
+        t = message["type"]
+        if t == "http.response.start":
+            self.status = message["status"]
+            self.headers = list(message.get("headers", []))
+            ctype = dict((k.lower(), v) for k, v in self.headers).get(b"content-type", b"")
+            self.stream = ctype.startswith(b"text/event-stream")
+            if self.status >= 400 and ctype.startswith(b"application/json"):
+                self.buffer = bytearray()
+                return                                   # start is sent with the rewritten body
+            return await self.send(message)
+        if t == "http.response.body" and self.buffer is not None:
+            self.buffer += message.get("body", b"")
+            if message.get("more_body"):
+                return
+            body = bytes(self.buffer)
+            try:
+                body = json.dumps(_scrub_json(json.loads(body), self.status >= 500)).encode()
+            except ValueError:
+                body = error_body("", self.status, "invalid request" if self.status < 500 else
+                                  "internal server error (details are in the server log)")
+            headers = [(k, v) for k, v in self.headers if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await self.send({"type": "http.response.start", "status": self.status, "headers": headers})
+            return await self.send({"type": "http.response.body", "body": body})
+        if t == "http.response.body" and self.stream and b'"error"' in message.get("body", b""):
+            message = dict(message, body=_scrub_sse(message["body"]))
+        return await self.send(message)
+
+
+def _scrub_sse(chunk: bytes) -> bytes:
+    out = []
+    for line in chunk.decode(errors="replace").split("\n"):
+        if line.startswith("data:") and '"error"' in line:
+            try:
+                line = "data: " + json.dumps(_scrub_json(json.loads(line[5:]), False))
+            except ValueError:
+                pass
+        out.append(line)
+    return "\n".join(out).encode()
+
+
+class RequestGuardMiddleware:
+    def __init__(self, app, ops: OpsConfig):
+        self.app = app
+        self.ops = ops
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if scope.get("method") == "POST" and path in GUARDED_PATHS:
+            body, receive = await _buffer_body(receive)
+            refusal = self._check(path, body)
+            if refusal is not None:
+                logger.info("guard: %d %s %s", refusal.status, path, refusal.message)
+                return await _send_json(send, refusal.status, error_body(
+                    path, refusal.status, refusal.message, refusal.param,
+                    "NotFoundError" if refusal.status == 404 else "BadRequestError"))
+        return await self.app(scope, receive, _ScrubbingSend(send))
+
+    def _check(self, path: str, body: bytes) -> Optional[Refusal]:
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            return None                                  # SGLang answers malformed JSON (scrubbed on the way out)
+        facts = serving_facts(self.ops.enable_deterministic_inference)
+        if facts is None:
+            return None
+        return check(path, data, self.ops, facts)
+
+
+async def _buffer_body(receive):
+    """Read the whole request body; return it and a `receive` that replays it first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+def install(ops: OpsConfig) -> None:
+    """Add the guard to SGLang's FastAPI app (before the server starts)."""
+    from sglang.srt.entrypoints import http_server
+
+    http_server.app.add_middleware(RequestGuardMiddleware, ops=ops)

@@ -1,0 +1,62 @@
+"""Read-only views of one scheduler's state for /ess/status, /health and metrics (scheduler process).
+
+Token pool split (with ESS on the pool IS the host pool):
+  live    rows held by running or queued-with-memory requests (radix nodes locked by a request)
+  cached  rows kept only by the prefix (radix) cache: evictable at any time, not a leak
+  free    rows the allocator can hand out now
+A leak is live > 0 with no request in the server; cache is cached > 0, and it shrinks on demand.
+
+Called from the scheduler's own thread (internal state) and from the metrics thread: reads only
+(ints and list lengths), no locks taken on SGLang's side.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def pool_split(scheduler) -> dict:
+    alloc = scheduler.token_to_kv_pool_allocator
+    capacity = int(alloc.size)
+    free = int(alloc.available_size())
+    tree = getattr(scheduler, "tree_cache", None)
+    try:
+        cached = int(tree.evictable_size()) if tree is not None else 0
+    except Exception:  # noqa: BLE001 - a cache without eviction accounting (disabled radix)
+        cached = 0
+    live = max(0, capacity - free - cached)
+    return {"tokens_capacity": capacity, "tokens_live": live, "tokens_cached": cached, "tokens_free": free}
+
+
+def queue_state(scheduler) -> dict:
+    waiting = list(getattr(scheduler, "waiting_queue", []) or [])
+    now = time.perf_counter()
+    entries = [getattr(getattr(r, "time_stats", None), "wait_queue_entry_time", 0.0) for r in waiting]
+    entries = [t for t in entries if t]
+    running = getattr(scheduler, "running_batch", None)
+    n_running = len(getattr(running, "reqs", []) or []) if running is not None else 0
+    return {"waiting_requests": len(waiting), "oldest_wait_s": round(now - min(entries), 3) if entries else 0.0,
+            "running_requests": n_running}
+
+
+def ops_state(scheduler) -> dict:
+    """The ``ess_ops`` entry of the internal state: pool split and queue (ESS on or off)."""
+    from . import lifecycle
+
+    if scheduler is None:
+        return {}
+    split = pool_split(scheduler)
+    prefix = "host_" if lifecycle.active_store() is not None else "kv_pool_"
+    out = {prefix + k: v for k, v in split.items()}
+    out["queue"] = queue_state(scheduler)
+    return out
+
+
+def merged(state: dict) -> dict:
+    """One scheduler's view for /ess/status and /health: the store's ``ess`` usage + ``ess_ops``."""
+    out = dict(state.get("ess") or {"enabled": False})
+    out.setdefault("enabled", "host_tokens_capacity" in out)
+    out.update(state.get("ess_ops") or {})
+    if out.get("host_bytes"):
+        out["memory_pool_size_gb_effective"] = out["host_bytes"] / 1e9
+    return out

@@ -1,0 +1,101 @@
+"""Operator settings of the launcher: request-guard limits and metrics, one table.
+
+Flag ``--<name with dashes>``; the launcher passes the validated values to its own modules as JSON
+in ``SGLESS_OPS``. No torch, no sglang.
+
+| field                      | default | what it bounds                                                   |
+| -------------------------- | ------- | ---------------------------------------------------------------- |
+| guard_max_n                | 8       | ``n`` (completions, chat) and ``sampling_params.n`` (/generate)  |
+| guard_max_batch            | 64      | prompts in one request (a list ``prompt`` / ``text`` / ids)       |
+| guard_max_top_logprobs     | 20      | ``logprobs`` (completions), ``top_logprobs``, ``top_logprobs_num`` |
+| guard_allow_any_model      | false   | accept any ``model`` name (SGLang's own behaviour)               |
+| metrics_link_gb_per_s      | 25.0    | host->device link bandwidth the saturation alert compares with   |
+| health_timeout_s           | 20.0    | how long /health waits for the scheduler before answering 503    |
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+
+ENV_OPS_JSON = "SGLESS_OPS"
+
+
+class OpsConfigError(ValueError):
+    """A ``--guard-*`` / ``--metrics-*`` / ``--health-*`` value was refused."""
+
+
+@dataclass(frozen=True)
+class OpsConfig:
+    guard_max_n: int = 8
+    guard_max_batch: int = 64
+    guard_max_top_logprobs: int = 20
+    guard_allow_any_model: bool = False
+    metrics_link_gb_per_s: float = 25.0
+    health_timeout_s: float = 20.0
+    # filled by the launcher, not flags
+    enable_metrics: bool = False
+    enable_deterministic_inference: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+HELP = {
+    "guard_max_n": "Largest 'n' (completions per prompt) a request may ask for; larger is refused with 400.",
+    "guard_max_batch": "Most prompts in one request (a list 'prompt', 'text' or 'input_ids'); more is refused with 400.",
+    "guard_max_top_logprobs": "Largest 'logprobs' / 'top_logprobs' / 'top_logprobs_num' (alternatives per token).",
+    "guard_allow_any_model": "Accept any 'model' name in requests (SGLang's behaviour). Default: unknown names get 404.",
+    "metrics_link_gb_per_s": "Host->device link bandwidth in GB/s; exported as sgless_transfer_link_bytes_per_second "
+                             "for the 'transfer bandwidth saturated' alert.",
+    "health_timeout_s": "Seconds /health waits for each scheduler's ESS state before answering 503.",
+}
+FLAG_FIELDS = tuple(HELP)
+MINIMUM = {"guard_max_n": 1, "guard_max_batch": 1, "guard_max_top_logprobs": 0, "metrics_link_gb_per_s": 1e-9,
+           "health_timeout_s": 0.1}
+
+
+def add_ops_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Request guard and operations (sgl-ess)",
+                                  "Limits checked before SGLang sees a request; metrics and health settings.")
+    defaults = OpsConfig()
+    for name in FLAG_FIELDS:
+        flag = "--" + name.replace("_", "-")
+        meta = "BOOL" if isinstance(getattr(defaults, name), bool) else type(getattr(defaults, name)).__name__.upper()
+        g.add_argument(flag, dest="ops_" + name, default=None, metavar=meta,
+                       help=f"{HELP[name]} (default: {getattr(defaults, name)})")
+
+
+def build_ops_config(ns: argparse.Namespace, **launcher_facts) -> OpsConfig:
+    """Validated OpsConfig from parsed flags (None = not given). Raises OpsConfigError."""
+    values = {}
+    types = {f.name: f.type for f in fields(OpsConfig)}
+    defaults = OpsConfig()
+    for name in FLAG_FIELDS:
+        raw = getattr(ns, "ops_" + name, None)
+        if raw is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind = type(getattr(defaults, name))
+        if kind is bool:
+            if str(raw).lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise OpsConfigError(f"flag {flag}: got {raw!r}; expected true or false")
+            values[name] = str(raw).lower() in ("1", "true", "yes", "on")
+            continue
+        try:
+            v = kind(raw)
+        except ValueError:
+            raise OpsConfigError(f"flag {flag}: got {raw!r}; expected {'an integer' if kind is int else 'a number'}")
+        if v < MINIMUM[name]:
+            raise OpsConfigError(f"flag {flag}: got {raw!r}; expected a value >= {MINIMUM[name]:g}")
+        values[name] = v
+    assert set(launcher_facts) <= set(types), launcher_facts
+    return OpsConfig(**values, **launcher_facts)
+
+
+def ops_from_env(environ=None) -> OpsConfig:
+    environ = os.environ if environ is None else environ
+    text = environ.get(ENV_OPS_JSON)
+    return OpsConfig(**json.loads(text)) if text else OpsConfig()

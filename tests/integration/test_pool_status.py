@@ -1,0 +1,31 @@
+"""Issue 7, defects 4 and 8: /ess/status reports what the server really uses, and tells live host
+rows from evictable prefix-cache rows (a leak must be distinguishable from cache)."""
+
+import pytest
+
+from ._http import call, ids_prompt
+from .conftest import OPS_HOST_POOL_GB, OPS_POOL_TOKENS
+
+pytestmark = pytest.mark.integration
+
+
+def test_host_pool_sized_by_gb_is_what_the_server_allocates(server_ops):
+    status = server_ops.get("/ess/status")
+    s = status["schedulers"][0]
+    assert status["pool_sizing"]["source"].startswith("--ess-memory-pool-size-gb")
+    assert s["host_tokens_capacity"] == OPS_POOL_TOKENS == status["pool_sizing"]["tokens"]
+    assert s["host_bytes"] == status["pool_sizing"]["host_bytes_expected"]
+    assert s["host_bytes"] <= OPS_HOST_POOL_GB * 1e9, "more host memory allocated than --ess-memory-pool-size-gb"
+    assert s["memory_pool_size_gb_effective"] == s["host_bytes"] / 1e9
+
+
+def test_cached_prefix_rows_are_not_counted_as_live(server_ops):
+    for i in range(3):   # finished requests leave their rows in the radix cache
+        st, text = call(server_ops.base, "/generate", {"input_ids": ids_prompt(600 + 64 * i),
+                                                       "sampling_params": {"max_new_tokens": 4}})
+        assert st == 200, text[:200]
+    s = server_ops.ess_usage()
+    assert s["host_tokens_cached"] > 0, s
+    assert s["host_tokens_live"] == 0, f"live host rows with no request running: {s}"
+    assert s["host_tokens_live"] + s["host_tokens_cached"] + s["host_tokens_free"] == s["host_tokens_capacity"]
+    assert s["queue"] == {"waiting_requests": 0, "oldest_wait_s": 0.0, "running_requests": 0}

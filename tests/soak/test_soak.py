@@ -1,0 +1,161 @@
+"""Bounded soak of the real server (issue 7): minutes of mixed traffic with aborts, client
+disconnects and bad requests, then:
+
+  * zero crashes: the server process lives, no 5xx answer, every bad request got its 4xx;
+  * live host rows back to zero WITHOUT a flush (cached prefix rows may stay: they are evictable);
+  * a fixed greedy probe gives the same tokens as before the soak (checked along the way too);
+  * RSS flat after warm-up: the server's total RSS at the end is within 5% of after warm-up.
+
+Duration: SGLESS_SOAK_SECONDS (default 180 s of traffic; about 5 minutes with start-up and checks).
+"""
+
+import concurrent.futures as cf
+import json
+import os
+import random
+import threading
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from tests.integration._http import call, ids_prompt
+from tests.integration._server import Server, group_alive
+
+pytestmark = [pytest.mark.soak, pytest.mark.integration]
+SOAK_S = float(os.environ.get("SGLESS_SOAK_SECONDS", "180"))
+RSS_GROWTH_MAX = 0.05
+PROBE = {"text": "class LRU:\n    def __init__(self, n):\n", "sampling_params": {
+    "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+BAD = [
+    ("/v1/completions", {"model": "default", "prompt": [5, 6, 5000], "max_tokens": 2}),
+    ("/v1/completions", {"model": "default", "prompt": [5, -1, 7], "max_tokens": 2}),
+    ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2, "logprobs": 100000}),
+    ("/generate", {"text": "", "sampling_params": {"max_new_tokens": 2}}),
+    ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2, "n": 1000000}),
+    ("/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 2}),
+    ("/generate", {"input_ids": ids_prompt(20000), "sampling_params": {"max_new_tokens": 4}}),
+    ("/v1/chat/completions", {"model": "default", "messages": "oops"}),
+]
+
+
+def _rss(pid: int) -> int:
+    procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+    return sum(p.memory_info().rss for p in procs if p.is_running())
+
+
+def _probe_ids(srv) -> list:
+    st, text = call(srv.base, "/generate", PROBE)
+    assert st == 200, text[:300]
+    return json.loads(text)["output_ids"]
+
+
+class Tally:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts: dict = {}
+        self.server_errors: list = []
+
+    def add(self, kind: str, status: int, text: str = ""):
+        with self.lock:
+            self.counts[(kind, status)] = self.counts.get((kind, status), 0) + 1
+            if status >= 500:
+                self.server_errors.append((kind, status, text[:200]))
+
+
+def _stream_and_leave(srv, rng):
+    body = {"model": "default", "prompt": "def f%d(x):\n" % rng.randrange(999) * 20, "max_tokens": 300,
+            "stream": True, "ignore_eos": True}
+    req = urllib.request.Request(srv.base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        seen = 0
+        for raw in r:
+            seen += raw.startswith(b"data:")
+            if seen >= rng.randint(1, 6):
+                break
+    return 200
+
+
+def _generate_then_abort(srv, rng):
+    rid = f"soak-{time.time_ns()}-{rng.randrange(1 << 30)}"
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", call(srv.base, "/generate", {
+        "text": "x = [i for i in range(%d)]\n" % rng.randrange(99) * 30, "rid": rid,
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}, timeout=300)))
+    t.start()
+    time.sleep(rng.uniform(0.2, 2.0))
+    call(srv.base, "/abort_request", {"rid": rid}, timeout=60)
+    t.join(timeout=300)
+    return out.get("r", (0, ""))[0]
+
+
+def _one(srv, rng, tally):
+    kind = rng.choices(["complete", "chat", "stream_leave", "abort", "bad"], [5, 2, 2, 2, 3])[0]
+    if kind == "complete":
+        n = rng.randint(8, 900)
+        st, text = call(srv.base, "/generate", {"input_ids": ids_prompt(n), "sampling_params": {
+            "max_new_tokens": rng.randint(1, 48), "temperature": rng.choice([0, 0.8])}}, timeout=600)
+    elif kind == "chat":
+        st, text = call(srv.base, "/v1/chat/completions", {"model": "default", "max_tokens": rng.randint(1, 24),
+                        "messages": [{"role": "user", "content": "write code " * rng.randint(1, 60)}]}, timeout=600)
+    elif kind == "stream_leave":
+        st, text = _stream_and_leave(srv, rng), ""
+    elif kind == "abort":
+        st, text = _generate_then_abort(srv, rng), ""
+    else:
+        path, body = rng.choice(BAD)
+        st, text = call(srv.base, path, body, timeout=120)
+        assert 400 <= st < 500, f"bad request {path} {str(body)[:80]} answered {st}: {text[:200]}"
+    tally.add(kind, st, text)
+
+
+def _wait_live_zero(srv, timeout_s=120):
+    deadline, s = time.time() + timeout_s, None
+    while time.time() < deadline:
+        s = srv.ess_usage()
+        if s["host_tokens_live"] == 0 and s["hot_requests_open"] == 0 and s["queue"]["waiting_requests"] == 0:
+            return s
+        time.sleep(1.0)
+    raise AssertionError(f"live host rows did not return to zero without a flush: {s}")
+
+
+def test_soak_mixed_traffic_with_aborts_and_bad_requests():
+    srv = Server("ess_soak", ["--ess-hot-slots-per-request", "48", "--max-running-requests", "16",
+                              "--max-total-tokens", "16384"])
+    try:
+        srv.wait_healthy()
+        reference = _probe_ids(srv)
+        rng = random.Random(7)
+        tally = Tally()
+        warm_until = time.time() + min(60.0, SOAK_S / 3)
+        with cf.ThreadPoolExecutor(6) as ex:                      # warm-up: same mix, not measured
+            while time.time() < warm_until:
+                list(ex.map(lambda _: _one(srv, random.Random(rng.random()), tally), range(6)))
+        _wait_live_zero(srv)
+        rss_warm = _rss(srv.proc.pid)
+        end = time.time() + SOAK_S
+        next_probe = time.time() + 30
+        with cf.ThreadPoolExecutor(6) as ex:
+            while time.time() < end:
+                list(ex.map(lambda _: _one(srv, random.Random(rng.random()), tally), range(6)))
+                if time.time() > next_probe:
+                    assert _probe_ids(srv) == reference, "greedy probe changed during the soak"
+                    next_probe = time.time() + 30
+        assert srv.proc.poll() is None, f"server exited rc={srv.proc.returncode}:\n{srv.log_tail()}"
+        assert not tally.server_errors, f"5xx answers: {tally.server_errors[:5]}"
+        s = _wait_live_zero(srv)                                     # no /flush_cache anywhere in this test
+        assert s["hot_slots_used"] == 0, s
+        assert _probe_ids(srv) == reference, "greedy probe changed after the soak"
+        rss_end = _rss(srv.proc.pid)
+        total = sum(tally.counts.values())
+        print(f"soak: {total} requests in {SOAK_S:.0f}s after warm-up, {dict(sorted(tally.counts.items()))}; "
+              f"RSS after warm-up {rss_warm / 1e6:.0f} MB, at the end {rss_end / 1e6:.0f} MB; final status {s}")
+        assert sum(v for (k, _), v in tally.counts.items() if k == "bad") > 0
+        assert sum(v for (k, _), v in tally.counts.items() if k == "abort") > 0
+        assert rss_end <= rss_warm * (1 + RSS_GROWTH_MAX), (
+            f"RSS grew {100 * (rss_end / rss_warm - 1):.1f}% after warm-up ({rss_warm / 1e6:.0f} -> {rss_end / 1e6:.0f} MB)")
+    finally:
+        srv.stop()
+    assert not group_alive(srv.pgid)

@@ -21,7 +21,8 @@ def load_plugin() -> None:
     _loaded = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import backend_registration, cpu_fixes, dummy_init, host_pool_class, lifecycle, runtime_config, targets
+    from . import (backend_registration, cpu_fixes, cuda_backend, dummy_init, host_pool_class, lifecycle,
+                   runtime_config, targets)
     from .indexer_torch import indexer_forward_native
 
     cpu_fixes.register()
@@ -30,5 +31,6 @@ def load_plugin() -> None:
     lifecycle.register()
     runtime_config.register()
     host_pool_class.register()
+    cuda_backend.register()        # CUDA processes with ESS on only
     dummy_init.register()
     logger.info("sgl-ess plugin loaded (ess attention backend, torch DSA indexer, lifecycle hooks)")

@@ -93,6 +93,8 @@ class EssPoolAdapter:
             spec_slots=(cfg.spec_slots or max(self.topk, max_requests * self.topk // 8))
             if cfg.speculative_prefetch != "off" else 0)
         self.cfg = cfg
+        # input checks read values back to the host: on the CPU once per step (layer 0), never on CUDA
+        self.validate = str(model_runner.device) == "cpu"
         self.level = cfg.prefetch_overlap_level
         self.profile = load_profile(cfg) if self.level == "full" else None
         self.store = LatentStore(self.store_cfg, engine=cfg.prefetch_engine, speculative=cfg.speculative_prefetch,
@@ -158,9 +160,10 @@ class EssPoolAdapter:
                 self._discard_early(layer)
                 key, plans, newest = batch_key, [], []
                 self._early[layer] = (key, plans, newest)
-            newest.append(self.store.reserve(layer, reqs, seq_lens - 1, validate=layer == 0))
+            check = self.validate and layer == 0
+            newest.append(self.store.reserve(layer, reqs, seq_lens - 1, validate=check))
             plans.append(self.store.plan(layer, reqs, seq_lens, topk, req_to_token, micro_batch=part,
-                                         validate=layer == 0))
+                                         validate=check))
             self.plans_early += 1
 
     def _discard_early(self, layer: int) -> None:
@@ -170,10 +173,14 @@ class EssPoolAdapter:
                 self.store.commit(step)            # land and commit: the LRU state already counts them
 
     def decode(self, batch_key: int, layer: int, q3: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor,
-               topk: torch.Tensor, newest: torch.Tensor, req_to_token: torch.Tensor, attend) -> torch.Tensor:
+               topk: torch.Tensor, newest: torch.Tensor, req_to_token: torch.Tensor, attend,
+               single_call: bool = False) -> torch.Tensor:
         """One layer's decode attention over the store. q3 [b, H, D]; newest [b, kv_dim] (the
-        step's new latent rows, cache dtype); returns out float [b, H, R]."""
-        mode = self.mode(layer)
+        step's new latent rows, cache dtype); returns out float [b, H, R]. `single_call`: `attend`
+        must see the whole batch in one call and returns no log-sum-exp (SGLang's FlashMLA wrapper),
+        so the attention runs once after the fetch landed whatever the level."""
+        mode = "none" if single_call else self.mode(layer)
+        check = self.validate and layer == 0
         data = newest.contiguous().view(torch.uint8).reshape(newest.shape[0], self.row_bytes)
         with self._lock:
             early = self._early.get(layer)
@@ -182,14 +189,18 @@ class EssPoolAdapter:
                 early = None
             self._early.pop(layer, None)
             if early is None:
-                rows = self.store.reserve(layer, reqs, seq_lens - 1, validate=layer == 0)
+                rows = self.store.reserve(layer, reqs, seq_lens - 1, validate=check)
                 self.store.slot_rows.index_copy_(0, rows, data)
-                plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token, validate=layer == 0)
+                plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token, validate=check)
                 self.plans_late += len(plans)
             else:
                 _, plans, rows = early
                 self.store.slot_rows.index_copy_(0, torch.cat(rows), data)
             return decode_layer(self.store, mode, q3, plans, attend)
+
+    def as_kv_cache(self, slot_rows: torch.Tensor) -> torch.Tensor:
+        """[S, 1, kv_cache_dim] view of slot rows in the pool's dtype (SGLang kernels' kv_cache)."""
+        return slot_rows.view(self.dtype).view(-1, 1, self.kv_dim)
 
     def as_latent(self, slot_rows: torch.Tensor) -> torch.Tensor:
         """[S, kv_dim] view of slot rows (uint8) in the cache dtype."""

@@ -15,6 +15,8 @@ REQ_ROWS_FREE = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool.free_rows"
 PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
 ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
 DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weights"
+DSA_BACKEND_CLASS = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
+INDEXER_FORWARD_CUDA = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda"
 RESOLVE_KV_POOL_CLASS = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class"
 UPDATE_HANDLERS = ("sglang.srt.managers.scheduler_components.internal_state."
                    "SchedulerInternalStateController._update_handlers")
@@ -36,6 +38,8 @@ PATCHED = {
     SCHEDULER_INIT_INFO: "AFTER: once per scheduler when it is ready: memory report, metrics thread",
     BATCH_INVARIANT_MODE: "AROUND: without CUDA/XPU, deterministic mode skips SGLang's GPU-only batch-invariant "
                           "kernels (seeded sampling stays on)",
+    DSA_BACKEND_CLASS: "REPLACE (CUDA, ESS on): SGLang's DSA backend subclass whose decode reads the slot space",
+    INDEXER_FORWARD_CUDA: "AROUND (CUDA, ESS on): submit a decode batch's miss fetch right after its top-k",
     RESOLVE_KV_POOL_CLASS: "AROUND: ESS on -> the DSA pool class gets host-backed latent buffers (host_pool_class.py)",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
 }

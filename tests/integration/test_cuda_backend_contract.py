@@ -1,0 +1,47 @@
+"""The CUDA ESS backend (cuda_backend.py) cannot run on this CPU machine, but the SGLang API it
+calls can be checked here: the subclass builds from the installed SGLang, and every private
+method, field and signature it relies on exists with the parameters it passes. A SGLang upgrade
+that moves any of them fails here, naming it, instead of on the first GPU run."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+sglang = pytest.importorskip("sglang")
+
+
+def _params(fn):
+    return list(inspect.signature(fn).parameters)
+
+
+def test_subclass_builds_and_overrides_what_it_should():
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
+    from sgl_ess.integration.sglang.cuda_backend import backend_class
+
+    cls = backend_class()
+    assert issubclass(cls, DeepseekSparseAttnBackend)
+    for name in ("__init__", "get_indexer_metadata", "forward_decode"):
+        assert name in cls.__dict__, name
+    base = _params(DeepseekSparseAttnBackend.forward_decode)
+    assert base[:9] == ["self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "q_rope", "k_rope"]
+    assert "topk_indices" in base
+
+
+def test_sglang_internals_the_cuda_path_calls():
+    from sglang.srt.layers.attention import dsa_backend as mod
+    from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
+    from sglang.srt.layers.attention.dsa.dsa_indexer_metadata import DSAIndexerMetadata
+
+    B = mod.DeepseekSparseAttnBackend
+    assert _params(B._forward_flashmla_kv)[1:] == ["q_all", "kv_cache", "v_head_dim", "sm_scale", "layer",
+                                                   "metadata", "page_table_1"]
+    assert {"q_all", "kv_cache", "page_table_1", "sm_scale", "v_head_dim", "topk_length",
+            "attn_sink"} <= set(_params(B._forward_flashmla_sparse))
+    assert _params(B._pad_topk_indices)[1:] == ["topk_indices", "num_tokens"]
+    assert callable(mod.concat_mla_absorb_q_general)
+    assert "force_unfused_topk" in {f.name for f in dataclasses.fields(DSAIndexerMetadata)}
+    assert _params(Indexer.forward_cuda)[1:6] == ["x", "q_lora", "positions", "forward_batch", "layer_id"]

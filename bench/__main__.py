@@ -1,19 +1,22 @@
 """One entry point for the benchmarks: python -m bench SUITE [suite flags]
 
 suites:
-  store    resolver cost (vectorised vs oracle) and LRU warmup misses   (bench/store_bench.py)
-  sim      simulator calibration and prediction table                   (bench/sim_report.py)
-  serving  SGLang bench_serving against the server, ESS off vs on       (bench/serving_suite.py)
-  prefetch exposed fetch time per overlap level and engine              (bench/prefetch_bench.py)
-Results go to bench/results/SUITE.json with the command, commit and versions.
+  store      resolver cost (list-based torch, sort-based torch, oracle) and warmup misses (bench/store_bench.py)
+  kernels    Triton resolver and sparse-MLA decode vs their torch paths (CUDA timings) (bench/kernels_bench.py)
+  prefetch   exposed fetch time per overlap level and engine (CPU; --device cuda)     (bench/prefetch_bench.py)
+  serving    SGLang bench_serving against the real server, ESS off vs on              (bench/serving_suite.py)
+  ops        operator profile of the model for the simulator (CPU; --device cuda)     (bench/ops_bench.py)
+  sim        simulator validation report                                              (bench/sim_report.py)
+  flashtrans FlashTrans GB/s on 656-byte rows vs a bulk pinned copy (CUDA)            (bench/flashtrans_bench.py)
+  flashmla   FlashMLA sparse FP8 decode over the slot space vs the reference (CUDA)   (bench/flashmla_check.py)
+Results go to bench/results/*.json with the command, commit, dirty flag and versions.
 """
 import importlib
 import sys
 
 SUITES = {"store": "bench.store_bench", "sim": "bench.sim_report", "serving": "bench.serving_suite",
-          "prefetch": "bench.prefetch_bench"}
-SUITES["ops"] = "bench.ops_bench"   # operator profile for the simulator (bench/ops_bench.py)
-SUITES["kernels"] = "bench.kernels_bench"   # resolver + sparse decode kernels (bench/kernels_bench.py)
+          "prefetch": "bench.prefetch_bench", "ops": "bench.ops_bench", "kernels": "bench.kernels_bench",
+          "flashtrans": "bench.flashtrans_bench", "flashmla": "bench.flashmla_check"}
 
 
 def main() -> int:

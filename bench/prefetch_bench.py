@@ -18,9 +18,18 @@ Per configuration it reports, per layer (median over steps after one warm-up ste
   compute_ms   the layer's wall time minus its exposed fetch time (indexer + attention + planning)
   fetch_ms     time the engine spent moving the rows (its own busy time)
   exposed_ms   time the critical path spent on the fetch: submitting it and waiting for it
-and their ratio exposed / fetch. Configurations: none+inline, none+worker, da+inline,
+and their ratio exposed / fetch. Configurations (CPU): none+inline, none+worker, da+inline,
 da+worker, dba+inline, dba+worker. `--write-profile` writes the per-layer fastest of none / da
-/ dba (worker engine) as an overlap profile for `prefetch_overlap_level: full`.
+/ dba (worker engine on CPU, stream engine on CUDA) as an overlap profile for
+`prefetch_overlap_level: full`.
+
+With --device cuda (the GPU counterpart, run by bench/gpu_check.sh at the paper's shapes:
+--layers 61 --batch 64 --heads 64) everything runs asynchronously on the device, so the layer
+time comes from CUDA events, attention is the Triton sparse-MLA kernel, the engine is the
+side-stream engine (busy time from timing events around its copies), and
+  compute_ms   the same layer with the fetch removed (a null engine: rows are not moved)
+  exposed_ms   layer time with the fetch minus compute_ms
+Configurations: none+stream, da+stream, dba+stream, none+inline.
 Results: bench/results/prefetch.json (command, commit, dirty flag, versions) and --out.
 """
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -73,8 +83,10 @@ def make_store(args, engine: str):
     g = torch.Generator().manual_seed(0)
     for i in range(args.batch):
         table.add(i, args.context)
-    # distinct bytes per host row (content does not matter for timing, only that it moves)
-    store.host.rows.copy_(torch.randint(0, 255, store.host.rows.shape, generator=g, dtype=torch.uint8))
+    # distinct bytes per host row (content does not matter for timing, only that it moves); a
+    # multi-GB pool (the GPU run) stays zero rather than spending minutes on random bytes
+    if store.host.rows.numel() <= 2 ** 31:
+        store.host.rows.copy_(torch.randint(0, 255, store.host.rows.shape, generator=g, dtype=torch.uint8))
     return store, table, lay
 
 
@@ -98,7 +110,81 @@ def traces(args, g):
     return out
 
 
+class NullEngine:
+    """Moves nothing: the same layer's compute with the fetch removed (CUDA reference)."""
+
+    name = "null"
+    ordered_on_device = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def submit(self, plan):
+        from sgl_ess.prefetch.engine import Ticket
+
+        return Ticket(-1, plan.tier)
+
+    def wait(self, ticket):
+        return None
+
+    def drain(self):
+        return None
+
+    def close(self):
+        self.inner.close()
+
+    def stats(self):
+        return {"engine": "null", "tiers": {"immediate": {"busy_s": 0.0}}}
+
+
+def run_config_cuda(args, mode: str, engine: str, tr, index_keys, q) -> dict:
+    """Event-timed layer loop on the GPU (see the module docstring)."""
+    from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
+    from sgl_ess.prefetch.stream_engine import StreamEngine
+
+    store, table, lay = make_store(args, "inline" if engine in ("inline", "null") else "stream")
+    if engine == "stream":
+        store.engine.close()
+        store.engine = StreamEngine(store.memory, store.transfer_backend, timing=True)
+    elif engine == "null":
+        store.engine = NullEngine(store.engine)
+    reqs = table.indices(list(range(args.batch)))
+    lens = table.seq_lens(list(range(args.batch)))
+    index_q = torch.randn(args.batch, args.index_heads, 128, device=args.device)
+    keys = index_keys.to(args.device)
+    qd = q.to(args.device, torch.bfloat16)
+    layer_ms = [[] for _ in range(args.layers)]
+
+    def attend(qq, rows, slots):
+        return sparse_mla_decode_triton(qq, rows, slots, lay, 0.04)
+
+    for step, layers in enumerate(tr):
+        for layer in range(args.layers):
+            topk = layers[layer].to(args.device)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            parts = split_halves(args.batch) if mode == "dba" else [slice(0, args.batch)]
+            steps = []
+            for i, part in enumerate(parts):
+                torch.einsum("bhd,sd->bhs", index_q[part], keys).relu().sum(1).topk(8, dim=1)
+                steps.append(store.plan(layer, reqs[part], lens[part], topk[part], table.req_to_host,
+                                        micro_batch=i, validate=False))
+            decode_layer(store, mode, qd, steps, attend)
+            b.record()
+            b.synchronize()
+            if step:
+                layer_ms[layer].append(a.elapsed_time(b))
+    stats = store.engine.stats()
+    store.shutdown()
+    med = [statistics.median(v) for v in layer_ms]
+    busy = stats["tiers"]["immediate"].get("busy_s") or 0.0
+    return {"mode": mode, "engine": engine, "per_layer_median": {"layer_ms": med},
+            "total_ms": {"layer": sum(med), "fetch": busy * 1e3 / max(1, args.steps)}, "engine_stats": stats}
+
+
 def run_config(args, mode: str, engine: str, tr, index_keys, q) -> dict:
+    if args.device.startswith("cuda"):
+        return run_config_cuda(args, mode, engine, tr, index_keys, q)
     store, table, lay = make_store(args, engine)
     reqs = table.indices(list(range(args.batch)))
     lens = table.seq_lens(list(range(args.batch)))
@@ -177,6 +263,12 @@ def main() -> int:
     p.add_argument("--write-profile", metavar="FILE", help="write the per-layer fastest mode as an overlap profile")
     p.add_argument("--out", metavar="PATH", help="also write the result JSON here")
     args = p.parse_args()
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            print("bench prefetch --device cuda: this machine has no CUDA device; nothing measured", file=sys.stderr)
+            return 2
+        if args.configs == p.get_default("configs"):
+            args.configs = "none+null,none+stream,da+stream,dba+stream,none+inline"
     configs = [tuple(c.split("+")) for c in args.configs.split(",")]
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
@@ -190,15 +282,32 @@ def main() -> int:
         r = run_config(args, mode, engine, tr, index_keys, q)
         results.append(r)
         t = r["total_ms"]
-        print(f"[prefetch] {mode:>4}+{engine:<6} compute {t['compute']:8.1f} ms  fetch {t['fetch']:7.2f} ms  "
-              f"exposed {t['exposed']:7.2f} ms  exposed/fetch {r['exposed_over_fetch'] or 0:.2f}")
-    misses = results[0]["per_layer_median"]["misses"]
-    print("[prefetch] misses per request per layer (median): " + ", ".join(f"{m:.0f}" for m in misses))
+        if "compute" in t:
+            print(f"[prefetch] {mode:>4}+{engine:<6} compute {t['compute']:8.1f} ms  fetch {t['fetch']:7.2f} ms  "
+                  f"exposed {t['exposed']:7.2f} ms  exposed/fetch {r['exposed_over_fetch'] or 0:.2f}")
+    if args.device.startswith("cuda"):
+        base = next((r for r in results if r["engine"] == "null"), None)
+        for r in results:
+            if base is None or r is base:
+                continue
+            comp = base["per_layer_median"]["layer_ms"]
+            r["per_layer_median"]["compute_ms"] = comp
+            r["per_layer_median"]["exposed_ms"] = [max(0.0, x - c) for x, c in zip(r["per_layer_median"]["layer_ms"], comp)]
+            r["total_ms"].update(compute=sum(comp), exposed=sum(r["per_layer_median"]["exposed_ms"]))
+            f = r["total_ms"]["fetch"]
+            r["exposed_over_fetch"] = r["total_ms"]["exposed"] / f if f else None
+            print(f"[prefetch] {r['mode']:>4}+{r['engine']:<6} layer {r['total_ms']['layer']:8.2f} ms  compute "
+                  f"{sum(comp):8.2f} ms  fetch {f:7.2f} ms  exposed {r['total_ms']['exposed']:7.2f} ms")
+        results = [r for r in results if r is not base] if base else results
+        misses = None
+    else:
+        misses = results[0]["per_layer_median"]["misses"]
+        print("[prefetch] misses per request per layer (median): " + ", ".join(f"{m:.0f}" for m in misses))
     payload = {"args": vars(args), "misses_per_request_per_layer": misses, "results": results}
     if args.write_profile:
         modes = []
         for layer in range(args.layers):
-            best = min((r for r in results if r["engine"] == "worker"),
+            best = min((r for r in results if r["engine"] in ("worker", "stream")),
                        key=lambda r: r["per_layer_median"]["compute_ms"][layer] + r["per_layer_median"]["exposed_ms"][layer])
             modes.append(best["mode"])
         prof = OverlapProfile(modes, {"command": "python -m bench prefetch", "args": vars(args)})

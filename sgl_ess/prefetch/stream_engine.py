@@ -34,8 +34,11 @@ class StreamEngine(FetchEngine):
     name = "stream"
     ordered_on_device = True
 
-    def __init__(self, mem: StoreMemory, backend: str = "auto", device: torch.device | str | None = None):
+    def __init__(self, mem: StoreMemory, backend: str = "auto", device: torch.device | str | None = None,
+                 timing: bool = False):
         super().__init__(mem, backend)
+        self.timing = timing           # record timing events around each plan (benchmarks; stats() syncs)
+        self._timed: dict[str, list] = {t: [] for t in TIERS}
         if not torch.cuda.is_available():
             raise RuntimeError("the stream engine needs CUDA; on CPU use --ess-prefetch-engine worker or inline")
         self.device = torch.device(device) if device is not None else mem.slots.device
@@ -56,7 +59,14 @@ class StreamEngine(FetchEngine):
         with torch.cuda.stream(self.stream):
             src = plan.src_idx.to(self.device, non_blocking=True)
             dst = plan.dst_idx.to(self.device, non_blocking=True)
+            if self.timing:
+                t0 = torch.cuda.Event(enable_timing=True)
+                t0.record(self.stream)
             self._run(plan, src, dst)
+            if self.timing:
+                t1 = torch.cuda.Event(enable_timing=True)
+                t1.record(self.stream)
+                self._timed[plan.tier].append((t0, t1))
             ev = torch.cuda.Event()
             ev.record(self.stream)
         # the index tensors were made on the compute stream and are read on the side stream
@@ -102,5 +112,9 @@ class StreamEngine(FetchEngine):
         s = super().stats()
         for tier, n in self.rows.items():
             s["tiers"][tier]["rows"] = int(n)       # a host read: metrics only
-            s["tiers"][tier]["busy_s"] = None       # not timed on the device (no host sync per plan)
+            timed = self._timed[tier]
+            if timed:
+                timed[-1][1].synchronize()
+            # device time between the plan's start and end events (timing=True), else not measured
+            s["tiers"][tier]["busy_s"] = sum(a.elapsed_time(b) for a, b in timed) / 1e3 if self.timing else None
         return s

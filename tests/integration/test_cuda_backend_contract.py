@@ -45,3 +45,11 @@ def test_sglang_internals_the_cuda_path_calls():
     assert callable(mod.concat_mla_absorb_q_general)
     assert "force_unfused_topk" in {f.name for f in dataclasses.fields(DSAIndexerMetadata)}
     assert _params(Indexer.forward_cuda)[1:6] == ["x", "q_lora", "positions", "forward_batch", "layer_id"]
+
+
+def test_sglang_internals_the_cuda_memory_hook_calls():
+    from sglang.srt.mem_cache.kv_cache_configurator import calculate_mla_kv_cache_dim
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    assert _params(DefaultPoolConfigurator._compute_cell_size)[1:3] == ["kvc", "num_layers"]
+    assert {"model_config", "kv_cache_dtype"} <= set(_params(calculate_mla_kv_cache_dim))

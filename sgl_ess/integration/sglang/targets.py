@@ -17,6 +17,7 @@ ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAlloca
 DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weights"
 DSA_BACKEND_CLASS = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 INDEXER_FORWARD_CUDA = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda"
+POOL_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
 RESOLVE_KV_POOL_CLASS = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class"
 UPDATE_HANDLERS = ("sglang.srt.managers.scheduler_components.internal_state."
                    "SchedulerInternalStateController._update_handlers")
@@ -40,6 +41,7 @@ PATCHED = {
                           "kernels (seeded sampling stays on)",
     DSA_BACKEND_CLASS: "REPLACE (CUDA, ESS on): SGLang's DSA backend subclass whose decode reads the slot space",
     INDEXER_FORWARD_CUDA: "AROUND (CUDA, ESS on): submit a decode batch's miss fetch right after its top-k",
+    POOL_CELL_SIZE: "AROUND (CUDA, ESS on): price a token's GPU bytes without its latent row (it lives on the host)",
     RESOLVE_KV_POOL_CLASS: "AROUND: ESS on -> the DSA pool class gets host-backed latent buffers (host_pool_class.py)",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
 }

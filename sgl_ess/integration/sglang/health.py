@@ -5,7 +5,9 @@ says 200, every scheduler is asked for its ESS state (the internal-state channel
 ``--health-timeout-s``) and the answer is 503 if
   * a scheduler does not answer in time,
   * ESS is configured on but a scheduler has no ESS store (the backend did not build it),
-  * the store reports its prefetch worker dead (``usage()["prefetch"]["worker_alive"] is False``).
+  * the store reports its prefetch engine not running (``usage()["prefetch"]["state"] == "closed"``,
+    or ``worker_alive`` False). A worker that fell back to inline fetches (state "inline") still
+    serves: 200, and the body shows the state and the last fault.
 The body is JSON: ``{"status": "ok"|"unhealthy", "reason": ..., "schedulers": [...]}`` with each
 scheduler's host pool live / cached / free tokens, open hot buffers and queue.
 """
@@ -29,8 +31,8 @@ def verdict(states: list[dict], ess_configured_on: bool) -> tuple[bool, str]:
         if ess_configured_on and not s.get("enabled"):
             return False, f"scheduler {i}: ESS is configured on but this scheduler has no ESS store"
         prefetch = s.get("prefetch") if isinstance(s.get("prefetch"), dict) else {}
-        if prefetch.get("worker_alive") is False:
-            return False, f"scheduler {i}: the ESS prefetch worker is not alive"
+        if prefetch.get("worker_alive") is False or prefetch.get("state") == "closed":
+            return False, f"scheduler {i}: the ESS prefetch engine is not running (state {prefetch.get('state')!r})"
     return True, ""
 
 
@@ -41,7 +43,8 @@ def _summary(s: dict) -> dict:
     out = {k: s[k] for k in keys if k in s}
     p = s.get("prefetch")
     if isinstance(p, dict):
-        out["prefetch"] = {k: p[k] for k in ("engine", "worker_alive", "worker_restarts") if k in p}
+        out["prefetch"] = {k: p[k] for k in ("engine", "state", "worker_alive", "restarts", "worker_restarts",
+                                             "last_fault") if k in p}
     return out
 
 

@@ -105,8 +105,9 @@ class _Exporter:
             self.total("sgless_prefetch_rows_total", d.get("rows"), tier=tier)
             self.total("sgless_prefetch_busy_seconds_total", d.get("busy_s"), tier=tier)
             self.total("sgless_prefetch_dropped_total", d.get("dropped"), tier=tier)
-        self.total("sgless_prefetch_worker_restarts_total", p.get("worker_restarts"))
-        self.set("sgless_prefetch_speculative_precision", p.get("speculative_precision"))
+        self.total("sgless_prefetch_worker_restarts_total", p.get("worker_restarts", p.get("restarts")))
+        spec = p.get("speculative") if isinstance(p.get("speculative"), dict) else {}
+        self.set("sgless_prefetch_speculative_precision", p.get("speculative_precision", spec.get("precision")))
 
 
 def start(sched, ops) -> None:

@@ -149,7 +149,7 @@ def kv_device_bytes(memory: list[dict]) -> dict:
 def off_pool_tokens(on_status: dict, on_device: int) -> tuple[int, dict]:
     """ESS-off --max-total-tokens whose latents + index keys take `on_device` bytes."""
     s = on_status["schedulers"][0]
-    layers = len((s.get("counters") or {}).get("layer_hits") or []) or None
+    layers = len(s.get("misses_per_layer") or (s.get("counters") or {}).get("layer_hits") or []) or None
     mem = {m["what"]: m["bytes"] for m in on_status["memory"]}
     host_rows = s["host_tokens_capacity"] + PAGE
     latent_row = s["host_bytes"] // host_rows                     # all layers, per token

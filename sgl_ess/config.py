@@ -62,7 +62,8 @@ FIELDS: tuple[EssField, ...] = (
     EssField("prefetch_engine", str, "auto",
              "Who moves rows: worker (a prefetch process per model runner, coordinated over ZMQ, sharing the host "
              "pool and staging ring; CPU) | stream (zero-copy kernels on a side CUDA stream of the scheduler; "
-             "GPU) | inline (the scheduler thread itself; the fallback) | auto (worker on CPU, stream on CUDA).",
+             "GPU) | inline (the scheduler thread itself; the fallback) | auto (stream on CUDA; on CPU the worker "
+             "when the machine has >= 4 cores, else inline: on 2 cores the worker only competes with the model).",
              PREFETCH_ENGINES),
     EssField("overlap_profile", str, "",
              "JSON file with the per-layer overlap mode for prefetch_overlap_level=full (write one with "

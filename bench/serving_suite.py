@@ -159,23 +159,44 @@ def off_pool_tokens(on_status: dict, on_device: int) -> tuple[int, dict]:
                     "layers": layers}
 
 
-def run_mode(name: str, args: list[str], a, tmp: str) -> tuple[dict, dict]:
+def set_level(base: str, level: str) -> None:
+    """Switch the running server's overlap level (POST /ess/overlap_level)."""
+    req = urllib.request.Request(base + "/ess/overlap_level", data=json.dumps({"level": level}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        got = json.loads(r.read())
+    if got.get("level") != level:
+        raise RuntimeError(f"the server did not switch to overlap level {level}: {got}")
+
+
+def run_mode(name: str, args: list[str], a, tmp: str, levels: list[str] | None = None) -> tuple[dict, dict]:
+    """One server; with `levels` (ESS on) the measured run repeats per overlap level, switched at
+    run time on the same server, and the first level's entry is returned with the others under
+    'by_level'."""
     log = os.path.join(tmp, f"{name}.log")
     proc, base = start_server(args, log)
     try:
         status = get_json(base, "/ess/status")
         warm = argparse.Namespace(**{**vars(a), "num_prompts": a.warmup_prompts, "seed": 2})
         warm_cmd, _ = bench(base, "sglang", warm, os.path.join(tmp, f"{name}_warmup.jsonl"))
-        flush(base)
-        with PeakRunning(log) as peak:
-            cmd, res = bench(base, "sglang", a, os.path.join(tmp, f"{name}.jsonl"))
-        entry = {"server_args": args, "warmup_command": warm_cmd, "bench_command": cmd,
-                 "output_throughput_tok_s": res.get("output_throughput"),
-                 "avg_concurrency": res.get("concurrency"), "peak_running_requests": peak.peak,
-                 "completed": res.get("completed"), "num_prompts": a.num_prompts,
-                 "mean_ttft_ms": res.get("mean_ttft_ms"), "mean_itl_ms": res.get("mean_itl_ms"),
-                 "duration_s": res.get("duration"), "memory_report": status.get("memory"),
+        by_level = {}
+        for level in levels or [None]:
+            if level is not None:
+                set_level(base, level)
+            flush(base)
+            with PeakRunning(log) as peak:
+                cmd, res = bench(base, "sglang", a, os.path.join(tmp, f"{name}_{level}.jsonl"))
+            by_level[level] = {"bench_command": cmd, "output_throughput_tok_s": res.get("output_throughput"),
+                               "avg_concurrency": res.get("concurrency"), "peak_running_requests": peak.peak,
+                               "completed": res.get("completed"), "num_prompts": a.num_prompts,
+                               "mean_ttft_ms": res.get("mean_ttft_ms"), "mean_itl_ms": res.get("mean_itl_ms"),
+                               "duration_s": res.get("duration")}
+        entry = {"server_args": args, "warmup_command": warm_cmd, **by_level[(levels or [None])[0]],
+                 "memory_report": status.get("memory"),
                  "kv_device_bytes": kv_device_bytes(status.get("memory") or [])}
+        if levels:
+            entry["prefetch_engine"] = get_json(base, "/ess/status")["schedulers"][0]["prefetch"]["engine"]
+            entry["by_level"] = by_level
         if a.oai_prompts:
             b = argparse.Namespace(**{**vars(a), "num_prompts": a.oai_prompts})
             oai_cmd, oai = bench(base, "sglang-oai", b, os.path.join(tmp, f"{name}_oai.jsonl"))
@@ -195,6 +216,14 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=32, help="--max-running-requests for both servers")
     p.add_argument("--warmup-prompts", type=int, default=4, help="warm-up pass before each measured run")
     p.add_argument("--oai-prompts", type=int, default=4, help="prompts for the OpenAI-backend pass (0 = skip)")
+    p.add_argument("--ess-engines", default="auto",
+                   help="comma list of --ess-prefetch-engine values; one ESS-on server each (auto, worker, inline)")
+    p.add_argument("--ess-levels", default="da",
+                   help="comma list of overlap levels measured on each ESS-on server, switched at run time "
+                        "(none, da, dba, full); the first one is the headline row")
+    p.add_argument("--no-pressure", action="store_true",
+                   help="give ESS off a device pool as large as ESS on's host pool: no memory pressure on either, "
+                        "so the ratio is the per-token cost of ESS (goal: ESS on >= 0.95x ESS off)")
     a = p.parse_args()
     common = ["--max-running-requests", str(a.max_running), "--decode-log-interval", "1"]
     # ESS on: a host pool that holds the whole workload (every request's prompt + output + a page)
@@ -205,12 +234,24 @@ def main() -> None:
               "accounting": "equal device bytes: ESS on = hot buffers + staging + index keys of every host-pool "
                             "token; ESS off = latents + index keys of every device-pool token", "modes": {}}
     tmp = tempfile.mkdtemp(prefix="sgl_ess_bench_")
-    on, on_status = run_mode("ess_on", on_args, a, tmp)
+    engines = a.ess_engines.split(",")
+    levels = a.ess_levels.split(",")
+    ons = {}
+    for engine in engines:
+        ons[engine] = run_mode(f"ess_on_{engine}", on_args + ["--ess-prefetch-engine", engine], a, tmp, levels)
+    on, on_status = ons[engines[0]]
     budget = on["kv_device_bytes"]["total"]
     off_tokens, per_token = off_pool_tokens(on_status, budget)
+    if a.no_pressure:
+        off_tokens = host_tokens
+        report["accounting"] = "no memory pressure: ESS off's device pool holds as many tokens as ESS on's host pool"
     off_args = ["--ess-enabled", "false", "--max-total-tokens", str(off_tokens), *common]
     off, _ = run_mode("ess_off", off_args, a, tmp)
     report["modes"] = {"ess_off": off, "ess_on": on}
+    report["engines_x_levels"] = {
+        engine: {level: {**e, "over_off": e["output_throughput_tok_s"] / off["output_throughput_tok_s"]}
+                 for level, e in entry["by_level"].items()}
+        for engine, (entry, _) in ons.items()}
     report["device_budget"] = {"ess_on_kv_device_bytes": budget, "ess_off_kv_device_bytes": off["kv_device_bytes"]["total"],
                                "ess_off_pool_tokens": off_tokens, "ess_on_host_pool_tokens": host_tokens, **per_token}
     report["ratios_on_over_off"] = {
@@ -223,6 +264,10 @@ def main() -> None:
     for name, e in report["modes"].items():
         print(f"{name:8} {e['kv_device_bytes']['total'] / 1e6:>9.2f} {e['output_throughput_tok_s']:>10.1f} "
               f"{e['avg_concurrency']:>9.2f} {e['peak_running_requests']:>9} {e['completed']:>6}/{e['num_prompts']}")
+    for engine, by in report["engines_x_levels"].items():
+        for level, e in by.items():
+            print(f"  ESS on engine={engine:6} level={level:4}  {e['output_throughput_tok_s']:8.1f} tok/s  "
+                  f"peak running {e['peak_running_requests']:3}  ({e['over_off']:.2f}x ESS off)")
     r = report["ratios_on_over_off"]
     print(f"ESS on / off: output tok/s {r['output_throughput']:.2f}x, peak running {r['peak_running_requests']:.2f}x, "
           f"avg concurrency {r['avg_concurrency']:.2f}x (equal KV device bytes: {budget / 1e6:.2f} MB; "

@@ -85,10 +85,7 @@ def main() -> int:
         return 2
     res = _check(args)
     print(json.dumps({k: v for k, v in res.items() if k != "trace"}, indent=1))
-    path = write_result("flashmla_cuda", res)
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(json.loads(path.read_text()), fh, indent=1)
+    write_result("flashmla_cuda", res, also_to=args.out)
     return 0
 
 

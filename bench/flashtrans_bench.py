@@ -12,7 +12,6 @@ paper measured 37 on PCIe 5.0). Needs CUDA; on a CPU machine it says so and exit
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
@@ -80,10 +79,7 @@ def main() -> int:
     for k in ("flashtrans_h2d", "flashtrans_d2h", "bulk_pinned_h2d", "bulk_pinned_d2h"):
         print(f"[flashtrans] {k:16s} {res[k]['median_GBps']:7.1f} GB/s (min {res[k]['min_GBps']:.1f}, "
               f"max {res[k]['max_GBps']:.1f})")
-    path = write_result("flashtrans_cuda", res)
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(json.loads(path.read_text()), fh, indent=1)
+    write_result("flashtrans_cuda", res, also_to=args.out)
     return 0
 
 

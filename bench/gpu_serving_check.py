@@ -93,10 +93,7 @@ def main() -> int:
     res = {"tokens_identical_per_request": same, "max_logprob_abs_diff": max(diffs) if diffs else None,
            "bench_serving": {"ess_off": off["bench_serving"], "ess_on": on["bench_serving"]}}
     print(json.dumps(res, indent=1))
-    path = write_result("serving_gpu", res)
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(json.loads(path.read_text()), fh, indent=1)
+    write_result("serving_gpu", res, also_to=args.out)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import json
 import statistics
 import time
 
@@ -202,10 +201,7 @@ def main(argv=None) -> int:
     path = write_result(f"kernels_{'cuda' if cuda else 'cpu'}",
                         {"config": vars(args), "torch_threads": torch.get_num_threads(),
                          "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
-                         "resolver_us_per_layer_step": res, "sparse_decode": dec})
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps(json.loads(path.read_text()), indent=1) + "\n")
+                         "resolver_us_per_layer_step": res, "sparse_decode": dec}, also_to=args.out)
     print(f"wrote {path}" + (f" and {args.out}" if args.out else ""))
     return 0
 

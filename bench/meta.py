@@ -42,8 +42,13 @@ def run_metadata() -> dict:
     }
 
 
-def write_result(name: str, payload: dict) -> pathlib.Path:
+def write_result(name: str, payload: dict, also_to: str | None = None) -> pathlib.Path:
+    """bench/results/NAME.json with the run's metadata; the same text also at `also_to` (a bench's
+    --out, e.g. $OUT on the GPU machine) when given."""
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"meta": run_metadata(), **payload}, indent=1, default=float) + "\n")
+    text = json.dumps({"meta": run_metadata(), **payload}, indent=1, default=float) + "\n"
+    path.write_text(text)
+    if also_to:
+        pathlib.Path(also_to).write_text(text)
     return path

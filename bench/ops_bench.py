@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import statistics
 import sys
 import time
@@ -233,11 +232,9 @@ def main() -> int:
                           "seconds": round(time.perf_counter() - t0, 1)},
         "tables": tables,
     }
-    path = write_result(f"ops_{args.device}", payload)
-    print(f"wrote {path} ({len(tables)} op tables, {payload['measured_with']['seconds']} s)")
-    if args.out:
-        shutil.copyfile(path, args.out)
-        print(f"copied to {args.out}")
+    path = write_result(f"ops_{args.device}", payload, also_to=args.out)
+    print(f"wrote {path} ({len(tables)} op tables, {payload['measured_with']['seconds']} s)"
+          + (f" and {args.out}" if args.out else ""))
     return 0
 
 

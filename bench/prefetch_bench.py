@@ -35,7 +35,6 @@ Results: bench/results/prefetch.json (command, commit, dirty flag, versions) and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -315,10 +314,7 @@ def main() -> int:
             fh.write(prof.to_json() + "\n")
         payload["profile"] = modes
         print(f"[prefetch] wrote profile {args.write_profile}: {modes}")
-    path = write_result("prefetch", payload)
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(json.loads(path.read_text()), fh, indent=1)
+    path = write_result("prefetch", payload, also_to=args.out)
     print(f"[prefetch] wrote {path}")
     return 0
 

@@ -92,9 +92,13 @@ FIELDS: tuple[EssField, ...] = (
     EssField("warmup_queries", int, 32,
              "Prefill query positions whose top-k ids pre-load the hot buffer before the first decode step.",
              minimum=0),
-    EssField("enable_mtp", bool, False, "Declare MTP (speculative multi-token) compatibility mode. Not supported yet."),
-    EssField("enable_two_batch_overlap", bool, False,
-             "Declare Two-Batch-Overlap compatibility mode. Not supported yet."),
+    EssField("enable_mtp", bool, None,
+             "MTP (speculative multi-token: EAGLE / NextN) compatibility mode. Unset = follow SGLang's "
+             "--speculative-algorithm; true requires it (EAGLE or NEXTN, --speculative-eagle-topk 1); false refuses "
+             "it. Checked at launch (integration/sglang/compat.py)."),
+    EssField("enable_two_batch_overlap", bool, None,
+             "Two-Batch-Overlap compatibility mode. Unset = follow SGLang's --enable-two-batch-overlap; true requires "
+             "it, false refuses it. TBO needs GPUs with expert parallelism or DP attention: refused on CPU."),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -113,8 +117,8 @@ class EssConfig:
     speculative_prefetch: str = "off"
     spec_slots: int = 0
     warmup_queries: int = 32
-    enable_mtp: bool = False
-    enable_two_batch_overlap: bool = False
+    enable_mtp: bool | None = None                 # None: follow SGLang's --speculative-algorithm
+    enable_two_batch_overlap: bool | None = None   # None: follow SGLang's --enable-two-batch-overlap
     # Keys of ``inference_engine`` in the YAML file, mapped onto SGLang flags by the launcher.
     engine: Mapping[str, Any] = field(default_factory=dict)
 
@@ -230,10 +234,8 @@ def _check_consistency(cfg: EssConfig) -> None:
 
         if not os.path.isfile(cfg.overlap_profile):
             raise EssConfigError(f"key 'overlap_profile': file {cfg.overlap_profile!r} does not exist")
-    if cfg.enable_mtp:
-        raise EssConfigError("key 'enable_mtp': got true; this build supports false only (MTP with ESS is not implemented)")
-    if cfg.enable_two_batch_overlap:
-        raise EssConfigError("key 'enable_two_batch_overlap': got true; this build supports false only")
+    # enable_mtp / enable_two_batch_overlap are checked against SGLang's own flags at launch, where
+    # those are known (sgl_ess/integration/sglang/compat.py).
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> EssConfig | None:

@@ -64,7 +64,7 @@ MODEL_CONFIG = {
     },
     "tie_word_embeddings": False,
     "attention_bias": False,
-    "num_nextn_predict_layers": 0,
+    "num_nextn_predict_layers": 1,
     "ep_size": 1,
     "aux_loss_alpha": 0.001,
     "seq_aux": True,

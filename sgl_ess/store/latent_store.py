@@ -342,6 +342,36 @@ class LatentStore:
         self.write_host(layer, locs, data)
         self.admit(layer, reqs, positions, data)
 
+    def admit_from_host(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, positions: torch.Tensor,
+                        req_to_host: torch.Tensor) -> int:
+        """Make rows that are already final in the host pool the most recently used entries of
+        their hot buffers, oldest column first (one set per request, as a step would), copying
+        the bytes host -> slot. For rows that became final after the step that wrote them:
+        accepted speculative tokens (store/verify.py). Waits for the moves still pending on this
+        layer's hot slots first, so none can land over an admitted row.
+
+        reqs int64 [b] (open), seq_lens int64 [b], positions int64 [b, m] (< seq_lens, -1 padded).
+        Returns the number of rows copied (already-resident rows are not copied again)."""
+        self._check_layer(layer)
+        reqs = reqs.to(self.device, torch.int64)
+        seq_lens = seq_lens.to(self.device, torch.int64)
+        positions = positions.to(self.device, torch.int64)
+        for t in self._layer_fence.pop(layer, []):
+            self.engine.wait(t)
+        for mb in range(self.cfg.ring_micro_batches):
+            fence = self._group_fence.pop(self._ring_group(layer, mb), None)
+            if fence is not None:
+                self.engine.wait(fence)
+        a = assign(self.hot, layer, reqs, seq_lens, positions, backend=self.resolver_backend)
+        dst = self._hot_abs(layer, reqs, a.slots)
+        src = req_to_host.to(self.device)[reqs.unsqueeze(1), positions.clamp(min=0)]
+        moved = a.miss
+        m = int(moved.sum())
+        if m:
+            copy_rows(self.host.rows[layer], src[moved], self.slots.rows, dst[moved], self.transfer_backend)
+            self.counters.rows_h2d[layer] += m
+        return m
+
     # --- views -----------------------------------------------------------------------------
     @property
     def slot_rows(self) -> torch.Tensor:

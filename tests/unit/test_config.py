@@ -43,7 +43,7 @@ def test_precedence_flags_over_env_over_yaml(tmp_path):
     ("ess_config: {memory_pool_size_gb: -1}\n", ["memory_pool_size_gb", "-1", ">= 0"]),
     ("ess_config: {hot_slots: 5}\n", ["ess_config.hot_slots", "unknown", "hot_slots_per_request"]),
     ("inference_engine: {attention_mode: dense}\n", ["attention_mode", "'dense'", "sparse"]),
-    ("ess_config: {enable_mtp: true}\n", ["enable_mtp", "false only"]),
+    ("ess_config: {enable_mtp: perhaps}\n", ["enable_mtp", "'perhaps'", "true or false"]),
     ("something_else: 1\n", ["something_else", "ess_config"]),
 ])
 def test_bad_values_name_key_value_and_allowed(tmp_path, text, needles):

@@ -7,6 +7,13 @@
 2. DeepSeek attention picks its forward method per backend name. The ``ess`` backend (and
    ``torch_native``) must take the absorbed-MLA path: the MHA prefill path would read a
    per-head K/V that the latent pool does not hold.
+3. EAGLE/NextN: ``DeepseekV2ForCausalLM.set_embed_and_head`` (the draft model takes the
+   target's embedding and LM head) ends with ``torch.cuda.empty_cache()`` and
+   ``torch.cuda.synchronize()``, which raise without CUDA. Both are no-ops there for the
+   duration of that call only.
+4. EAGLE decode allocation (``mem_cache.allocation.get_last_loc``) picks SGLang's Triton kernel
+   for every attention backend except ``ascend``/``torch_native``, by backend name. With the
+   ``ess`` backend on a CPU tensor it takes SGLang's own torch version (``get_last_loc_torch``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,34 @@ def fake_cuda_capability_without_cuda():
         torch.cuda.get_device_capability = original
 
 
+@contextlib.contextmanager
+def no_cuda_sync_without_cuda():
+    """Within the block, ``torch.cuda.synchronize`` / ``empty_cache`` do nothing if CUDA is absent."""
+    if torch.cuda.is_available():
+        yield
+        return
+    sync, empty = torch.cuda.synchronize, torch.cuda.empty_cache
+    torch.cuda.synchronize = lambda device=None: None
+    torch.cuda.empty_cache = lambda: None
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize, torch.cuda.empty_cache = sync, empty
+
+
+def _around_set_embed_and_head(original_fn, *args, **kwargs):
+    with no_cuda_sync_without_cuda():
+        return original_fn(*args, **kwargs)
+
+
+def _around_get_last_loc(original_fn, req_to_token, req_pool_indices_tensor, prefix_lens_tensor):
+    if req_to_token.device.type == "cpu":
+        from sglang.srt.mem_cache.allocation import get_last_loc_torch
+
+        return get_last_loc_torch(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
+    return original_fn(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
+
+
 def _around_model_adjustments(original_fn, *args, **kwargs):
     with fake_cuda_capability_without_cuda():
         return original_fn(*args, **kwargs)
@@ -49,6 +84,8 @@ def _absorbed_mla(attn, forward_batch):
 
 def register() -> None:
     HookRegistry.register(targets.MODEL_SPECIFIC_ADJUSTMENTS, _around_model_adjustments, HookType.AROUND)
+    HookRegistry.register(targets.SET_EMBED_AND_HEAD, _around_set_embed_and_head, HookType.AROUND)
+    HookRegistry.register(targets.GET_LAST_LOC, _around_get_last_loc, HookType.AROUND)
     from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
 
     AttentionBackendRegistry.register(targets.ESS_BACKEND_NAME, _absorbed_mla)

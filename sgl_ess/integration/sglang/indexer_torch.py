@@ -98,22 +98,16 @@ class IndexKeyPages:
 
 
 def _per_request_spans(forward_batch):
-    """Yield (request row i, first token index in the batch, #query tokens, kv length)."""
-    seq_lens = forward_batch.seq_lens_cpu
-    if seq_lens is None:
-        seq_lens = forward_batch.seq_lens.cpu()
-    seq_lens = seq_lens.tolist()
-    if forward_batch.forward_mode.is_decode_or_idle():
-        for i, s in enumerate(seq_lens):
-            yield i, i, 1, s
-        return
-    ext = forward_batch.extend_seq_lens_cpu
-    if ext is None:
-        ext = forward_batch.extend_seq_lens.tolist()
+    """Yield (request row i, first token index in the batch, #query tokens, kv length): the
+    query tokens of request i sit at positions kv_len - n_q .. kv_len - 1 (speculative.query_layout:
+    decode, extend, mixed, TARGET_VERIFY, DRAFT_EXTEND_V2)."""
+    from .speculative import query_layout
+
+    lay = query_layout(forward_batch)
     start = 0
-    for i, (n, s) in enumerate(zip(ext, seq_lens)):
-        yield i, start, int(n), int(s)
-        start += int(n)
+    for i, (n, s) in enumerate(zip(lay.n_q, lay.kv_lens)):
+        yield i, start, n, s
+        start += n
 
 
 def indexer_forward_native(self, x, q_lora, positions, forward_batch, layer_id, return_indices=True, **_):
@@ -180,16 +174,18 @@ class _EarlyHandoff:
         from sglang.srt.model_executor.forward_context import get_attn_backend
 
         self.parts = []
-        store = getattr(get_attn_backend(), "store", None)
+        backend = get_attn_backend()
+        store = getattr(backend, "store", None)
         mode = forward_batch.forward_mode
-        if store is None or not mode.is_decode():
+        if store is None or not mode.is_decode() or not getattr(backend, "accepts_early_plans", True):
             return
         self.store, self.fb, self.layer, self.out, self.r2t = store, forward_batch, layer_id, out, req_to_token
         self.parts = store.early_parts(layer_id, forward_batch.batch_size)
+        self.base = getattr(backend, "micro_batch_base", 0)    # a TBO child's own ring groups
 
     def row_done(self, i: int) -> None:
         for p, part in enumerate(self.parts):
             if part.stop == i + 1:
                 fb = self.fb
                 self.store.early_plan(id(fb), self.layer, fb.req_pool_indices[part].long(), fb.seq_lens[part],
-                                      self.out[part], self.r2t, p)
+                                      self.out[part], self.r2t, self.base + p)

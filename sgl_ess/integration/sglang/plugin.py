@@ -21,14 +21,18 @@ def load_plugin() -> None:
     _loaded = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import (backend_registration, cpu_fixes, cuda_backend, dummy_init, host_pool_class, lifecycle,
-                   runtime_config, targets)
+    from . import (backend_registration, compat, cpu_fixes, cuda_backend, dummy_init, host_pool_class, lifecycle,
+                   runtime_config, spec_cpu_kernels, speculative, targets)
     from .indexer_torch import indexer_forward_native
 
     cpu_fixes.register()
     HookRegistry.register(targets.INDEXER_FORWARD_NATIVE, indexer_forward_native, HookType.REPLACE)
     backend_registration.register()
+    speculative.register()
+    compat.register()
+    spec_cpu_kernels.register()
     lifecycle.register()
+    speculative.register_status()   # after lifecycle's internal-state hook
     runtime_config.register()
     host_pool_class.register()
     cuda_backend.register()        # CUDA processes with ESS on only

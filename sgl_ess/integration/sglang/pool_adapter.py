@@ -202,6 +202,79 @@ class EssPoolAdapter:
         """[S, 1, kv_cache_dim] view of slot rows in the pool's dtype (SGLang kernels' kv_cache)."""
         return slot_rows.view(self.dtype).view(-1, 1, self.kv_dim)
 
+    # --- speculative decoding (EAGLE / NextN): sgl_ess/store/verify.py ----------------------
+    def _committed_rows(self):
+        if getattr(self, "_spec_rows", None) is None:
+            from sgl_ess.store.verify import CommittedRows
+
+            self._spec_rows = CommittedRows(self.layers, self.store_cfg.max_requests, self.store.device)
+            self.spec_steps = 0          # speculative forwards (verify, draft extend) x layers
+            self.spec_window_entries = 0  # entries read from the forward's own rows (host)
+            self.spec_overflow_entries = 0  # committed entries past the hot buffer, read from host
+        return self._spec_rows
+
+    def spec_reset(self, layer: int, rows: list[int], committed: list[int]) -> None:
+        """After a prefill chunk: rows below `committed` are final and already offered to the
+        hot buffer (warmup), so later speculative steps admit only newer ones."""
+        with self._lock:
+            self._committed_rows().reset(layer, torch.tensor(rows, dtype=torch.int64),
+                                         torch.tensor(committed, dtype=torch.int64))
+
+    def admit_committed(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor, req_to_token: torch.Tensor,
+                        max_rows: int) -> int:
+        """Admit the rows that became final since each request's last step (accepted draft
+        tokens) as its most recently used entries. reqs/committed int64 [b]."""
+        with self._lock:
+            return self._committed_rows().admit(self.store, layer, reqs, committed, req_to_token, max_rows)
+
+    def verify(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor, topk: torch.Tensor,
+               req_to_token: torch.Tensor, attend_rows, micro_batch: int = 0) -> torch.Tensor:
+        """One layer of a speculative forward (TARGET_VERIFY, DRAFT_EXTEND_V2): the rows that became
+        final since the last step are admitted, then the n top-k rows of each request resolve as
+        one union set; window and overflow entries are read from the host pool.
+        reqs/committed int64 [b]; topk int [b, n, k] positions;
+        attend_rows(rows [b*n, k, kv_dim] cache dtype, valid bool [b*n, k]) -> out."""
+        from sgl_ess.store.verify import gather_rows, plan_union
+
+        with self._lock:
+            self._committed_rows()
+            self.admit_committed(layer, reqs, committed, req_to_token, topk.shape[1])
+            plan = plan_union(self.store, layer, reqs, committed, topk, req_to_token, micro_batch=micro_batch,
+                              validate=self.validate and layer == 0)
+            self.store.land(plan.step)
+            rows, valid = gather_rows(self.store, plan, layer)
+            out = attend_rows(rows.view(self.dtype).view(rows.shape[0], rows.shape[1], self.kv_dim), valid)
+            self.store.commit(plan.step)
+            self.spec_steps += 1
+            self.spec_window_entries += int(plan.window.sum())
+            self.spec_overflow_entries += int(plan.overflow.sum())
+            return out
+
+    def decode_committed(self, layer: int, q3: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor,
+                         topk: torch.Tensor, req_to_token: torch.Tensor, attend, max_admit: int,
+                         micro_batch_base: int = 0) -> torch.Tensor:
+        """A decode step that reads only final rows (positions < seq_lens): an EAGLE draft step,
+        whose own newest row is speculative and is neither read nor admitted. q3 [b, H, D];
+        topk int [b, k] (< seq_lens); returns out float [b, H, R]."""
+        mode = self.mode(layer)
+        with self._lock:
+            self._committed_rows()
+            self.admit_committed(layer, reqs, seq_lens, req_to_token, max_admit)
+            plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token,
+                               validate=self.validate and layer == 0, micro_batch_base=micro_batch_base)
+            self.plans_late += len(plans)
+            return decode_layer(self.store, mode, q3, plans, attend)
+
+    def spec_usage(self) -> dict:
+        if getattr(self, "_spec_rows", None) is None:
+            return {}
+        return {"spec_steps": self.spec_steps, "spec_rows_admitted": self._spec_rows.rows_admitted,
+                "spec_window_entries": self.spec_window_entries,
+                "spec_overflow_entries": self.spec_overflow_entries}
+
+    def is_open(self, req: int) -> bool:
+        return 0 <= req < self.store_cfg.max_requests and bool(self.store.hot.is_open[req])
+
     def as_latent(self, slot_rows: torch.Tensor) -> torch.Tensor:
         """[S, kv_dim] view of slot rows (uint8) in the cache dtype."""
         return slot_rows.view(self.dtype).view(-1, self.kv_dim)
@@ -235,4 +308,5 @@ class EssPoolAdapter:
                  overlap_level=self.level, plans_early=self.plans_early, plans_late=self.plans_late,
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
+        u.update(self.spec_usage())
         return u

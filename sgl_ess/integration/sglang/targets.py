@@ -23,8 +23,25 @@ UPDATE_HANDLERS = ("sglang.srt.managers.scheduler_components.internal_state."
                    "SchedulerInternalStateController._update_handlers")
 INTERNAL_STATE = ("sglang.srt.managers.scheduler_components.internal_state."
                   "SchedulerInternalStateController.get_internal_state")
+SET_EMBED_AND_HEAD = "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_embed_and_head"
+DRAFT_BACKEND_CREATE = "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend"
+GET_LAST_LOC = "sglang.srt.mem_cache.allocation.get_last_loc"
+NEXTN_POST_LOAD = "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN.post_load_weights"
 SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
+
+# sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
+# versions in spec_cpu_kernels.py. The names exist only in CPU-engine processes (SGLANG_USE_CPU_ENGINE=1,
+# set by the launcher without CUDA), so they are checked by tests/integration/test_spec_cpu_ops.py,
+# not with PATCHED.
+SPEC_CPU_OPS = {
+    "sglang.kernels.ops.speculative.cache_locs.assign_draft_cache_locs_contiguous_cpu": "draft write locations",
+    "sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_cpu": "verify / extend write locations",
+    "sglang.kernels.ops.speculative.eagle.fill_bonus_tokens_cpu": "each request's bonus token after verify",
+    "sglang.kernels.ops.speculative.eagle.fill_accept_out_cache_loc_cpu": "locations of accepted tokens",
+    "sglang.kernels.ops.speculative.spec_tree.sgl_build_tree_kernel_efficient_cpu": "the draft tree (chain)",
+    "sglang.kernels.ops.speculative.spec_tree.sgl_verify_tree_greedy_cpu": "greedy verification",
+}
 
 PATCHED = {
     MODEL_SPECIFIC_ADJUSTMENTS: "AROUND: answer torch.cuda.get_device_capability() with (9, 0) during DSA "
@@ -34,8 +51,8 @@ PATCHED = {
     PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
     DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",
-    INTERNAL_STATE: "AFTER (two hooks): ESS host-pool / hot-buffer usage (ess) and the pool split / queue "
-                    "(ess_ops) into the scheduler's internal state",
+    INTERNAL_STATE: "AFTER (three hooks): ESS host-pool / hot-buffer usage (ess), the pool split / queue "
+                    "(ess_ops) and the EAGLE draft runner's store (ess.draft) into the scheduler's internal state",
     SCHEDULER_INIT_INFO: "AFTER: once per scheduler when it is ready: memory report, metrics thread",
     BATCH_INVARIANT_MODE: "AROUND: without CUDA/XPU, deterministic mode skips SGLang's GPU-only batch-invariant "
                           "kernels (seeded sampling stays on)",
@@ -43,6 +60,12 @@ PATCHED = {
     INDEXER_FORWARD_CUDA: "AROUND (CUDA, ESS on): submit a decode batch's miss fetch right after its top-k",
     POOL_CELL_SIZE: "AROUND (CUDA, ESS on): price a token's GPU bytes without its latent row (it lives on the host)",
     RESOLVE_KV_POOL_CLASS: "AROUND: ESS on -> the DSA pool class gets host-backed latent buffers (host_pool_class.py)",
+    SET_EMBED_AND_HEAD: "AROUND: EAGLE/NextN draft shares embed + LM head; no torch.cuda sync calls without CUDA",
+    DRAFT_BACKEND_CREATE: "AROUND: add 'ess' to the EAGLE draft backend factory's hard-coded backend maps",
+    GET_LAST_LOC: "AROUND: EAGLE decode allocation on CPU tensors uses SGLang's torch get_last_loc "
+                  "(its dispatch keys on the backend name)",
+    NEXTN_POST_LOAD: "BEFORE: with SGLESS_DUMMY_INIT=scaled, shape the embedded model's random MTP layer "
+                     "(sgl_ess/models/mtp_init.py) so drafts are sometimes accepted",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
 }
 
@@ -50,6 +73,8 @@ SEAMS = {
     "sglang.srt.plugins.load_plugins": "entry point group sglang.srt.plugins, called in every process",
     "sglang.srt.plugins.hook_registry.HookRegistry.register": "applies the PATCHED hooks",
     "sglang.srt.layers.attention.attention_registry.register_attention_backend": "registers 'ess'",
+    "sglang.srt.arg_groups.resolution_hooks.register_resolution_hook":
+        "compat.py: refuse flag combinations ESS does not serve (step handle_other_validations)",
     "sglang.srt.arg_groups.choices.add_attention_backend_choices": "lets --attention-backend accept 'ess'",
     "sglang.srt.models.deepseek_common.attention_backend_handler.AttentionBackendRegistry.register":
         "DeepSeek attention takes the absorbed-MLA path under 'ess'",

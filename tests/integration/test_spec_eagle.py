@@ -1,0 +1,158 @@
+"""EAGLE / NextN (MTP) speculative decoding on the real server with the embedded model's MTP layer:
+
+  python -m sgl_ess.launch_server --speculative-algorithm EAGLE --speculative-num-steps 3 \\
+      --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 [--ess-enabled false]
+
+Greedy tokens, their log-probs and the speculation itself (verify steps, accepted draft tokens per
+request) are identical with ESS on - a hot buffer of 160 slots per request and layer (the union
+of a request's 4 top-32 sets, <= 128 entries, fits) and of 40 slots (it does not: the overflow is
+read from the host pool) - and with ESS off. Equal accepted drafts show the draft runner's own
+store serves the draft's attention exactly. Acceptance length and the agreement with no
+speculation (verify and decode numerics differ, so not asserted equal) are printed (pytest -s).
+Then requests are aborted in the middle of speculative steps: both stores (target and draft)
+return to zero. One server at a time (2 cores)."""
+
+import concurrent.futures as cf
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from ._server import Server, group_alive
+from .conftest import _need_sglang
+
+pytestmark = pytest.mark.integration
+
+SPEC = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4"]
+COMMON = ["--max-running-requests", "8", "--max-total-tokens", "16384"]
+CONFIGS = {
+    "on_fit": ["--ess-hot-slots-per-request", "160"] + SPEC,
+    "on_overflow": ["--ess-hot-slots-per-request", "40"] + SPEC,
+    "off": ["--ess-enabled", "false"] + SPEC,
+    "no_spec": ["--ess-hot-slots-per-request", "40"],
+}
+NEW_TOKENS = 40
+# repetitive prompts make the random target repeat itself, so drafts get accepted; the others are
+# contexts several times the hot buffer
+PROMPTS = ["a" * 400, "xy " * 150,
+           "import os\nimport sys\ndef f(argv):\n    return argv[1] + 7\n" * 16,
+           "class Node:\n    def __init__(self, v):\n        self.v = v * 3\n" * 14]
+
+
+def _batch(server):
+    server.flush_cache()
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        outs = list(ex.map(lambda p: server.generate(p, NEW_TOKENS), PROMPTS))
+    return [{"tokens": [t[1] for t in o["meta_info"]["output_token_logprobs"]],
+             "logprobs": [t[0] for t in o["meta_info"]["output_token_logprobs"]],
+             "prompt_tokens": o["meta_info"]["prompt_tokens"],
+             **{k: o["meta_info"].get(k) for k in ("spec_verify_ct", "spec_num_correct_drafts",
+                                                   "spec_accept_length", "spec_correct_drafts_histogram")}}
+            for o in outs]
+
+
+def _abort_mid_speculation(server, i):
+    """/generate with a rid, aborted while it is in its speculative steps."""
+    rid = f"spec-abort-{i}-{time.time_ns()}"
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault("r", _safe(lambda: server.post("/generate", {
+        "text": PROMPTS[i % len(PROMPTS)], "rid": rid,
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}))))
+    t.start()
+    time.sleep(2.0 + i)
+    req = urllib.request.Request(server.base + "/abort_request", data=json.dumps({"rid": rid}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=60).read()
+    t.join(timeout=300)
+    return done.get("r")
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception as e:  # an aborted request may answer with an HTTP error
+        return e
+
+
+def _zero(u):
+    return u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0
+
+
+def _wait_zero(server, timeout_s=90):
+    deadline, u = time.time() + timeout_s, None
+    while time.time() < deadline:
+        server.flush_cache()
+        u = server.ess_usage()
+        if _zero(u) and all(_zero(d) for d in u.get("draft", [])):
+            return u
+        time.sleep(1.0)
+    raise AssertionError(f"ESS usage did not return to zero after aborts: {u}")
+
+
+@pytest.fixture(scope="module")
+def runs():
+    _need_sglang()
+    out = {}
+    for name, args in CONFIGS.items():
+        srv = Server(f"spec_{name}", COMMON + args)
+        try:
+            srv.wait_healthy()
+            res = {"batch": _batch(srv)}
+            if name != "off":
+                res["usage"] = srv.ess_usage()
+            if name == "on_overflow":
+                with cf.ThreadPoolExecutor(3) as ex:
+                    aborted = list(ex.map(lambda i: _abort_mid_speculation(srv, i), range(3)))
+                res["aborted"] = aborted
+                res["after_aborts"] = _wait_zero(srv)
+            out[name] = res
+        finally:
+            srv.stop()
+        assert not group_alive(srv.pgid), f"processes of {srv.name} left behind"
+    return out
+
+
+def test_greedy_output_and_speculation_equal_with_ess_on_and_off(runs):
+    off = runs["off"]["batch"]
+    assert min(r["prompt_tokens"] for r in off) >= 120
+    for name in ("on_fit", "on_overflow"):
+        for i, (a, b) in enumerate(zip(runs[name]["batch"], off)):
+            assert len(a["tokens"]) == NEW_TOKENS
+            assert a["tokens"] == b["tokens"], f"{name} request {i}: tokens differ from ESS off"
+            assert a["logprobs"] == b["logprobs"], f"{name} request {i}: log-probs differ from ESS off"
+            for k in ("spec_verify_ct", "spec_num_correct_drafts", "spec_correct_drafts_histogram"):
+                assert a[k] == b[k], f"{name} request {i}: {k} {a[k]} != ESS off {b[k]}"
+    assert any(r["spec_num_correct_drafts"] > 0 for r in off), "no draft token was ever accepted"
+    assert any(r["spec_num_correct_drafts"] < r["spec_verify_ct"] * 3 for r in off), "no draft was rejected"
+    for name in ("on_fit", "on_overflow"):
+        acc = [r["spec_accept_length"] for r in runs[name]["batch"]]
+        print(f"\n{name}: acceptance length per request {[round(a, 3) for a in acc]}")
+    base = runs["no_spec"]["batch"]
+    same = [a["tokens"] == b["tokens"] for a, b in zip(off, base)]
+    prefix = [next((j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), NEW_TOKENS)
+              for a, b in zip(off, base)]
+    print(f"agreement with no speculation: {sum(same)}/{len(same)} requests identical, common prefix "
+          f"{prefix} of {NEW_TOKENS} tokens")
+
+
+def test_stores_served_the_union_and_the_overflow(runs):
+    fit, over = runs["on_fit"]["usage"], runs["on_overflow"]["usage"]
+    for u in (fit, over):
+        assert u["rows_h2d"] > 0 and u["spec_steps"] > 0 and u["spec_rows_admitted"] > 0
+        assert u["spec_window_entries"] > 0
+        (draft,) = u["draft"]                       # the draft runner's own store: one MTP layer
+        assert len(draft["misses_per_layer"]) == 1 and draft["spec_steps"] > 0 and draft["rows_h2d"] > 0
+    assert fit["spec_overflow_entries"] == 0, "the union fits 160 slots: nothing should overflow"
+    assert over["spec_overflow_entries"] > 0, "the union exceeds 40 slots: the overflow path never ran"
+    print(f"\nhit rate: 160 slots {fit['hit_rate']:.3f}, 40 slots {over['hit_rate']:.3f}; overflow entries read "
+          f"from the host (40 slots): {over['spec_overflow_entries']}")
+
+
+def test_usage_back_to_zero_after_aborts_mid_speculation(runs):
+    res = runs["on_overflow"]
+    assert len(res["aborted"]) == 3
+    u = res["after_aborts"]
+    assert _zero(u) and _zero(u["draft"][0])

@@ -5,7 +5,9 @@ Pool sizing, honestly (with ESS on, SGLang's token pool IS the host latent pool)
   * ``--ess-memory-pool-size-gb G`` (flag or YAML) alone -> ``--max-total-tokens`` for G GB;
   * ``--max-total-tokens N`` alone -> N tokens;
   * both -> refused unless they give the same tokens (one of them would otherwise be ignored);
-  * neither -> the launcher default (65536 tokens with ESS on, 16384 off).
+  * neither -> the launcher default (65536 tokens with ESS on, 16384 off); on a GPU machine with
+    ESS on, the host memory available minus a safety margin (sgl_ess/serving/host_memory.py).
+With ESS on, the host pool's bytes are checked against available host memory before anything loads.
 With ESS off a host-pool budget has no meaning: it is reported and warned about, not applied.
 The result is exported as ``SGLESS_POOL_SIZING`` and shown by /ess/status next to the bytes
 each scheduler really allocated.
@@ -19,6 +21,7 @@ import os
 
 from sgl_ess.config import EssConfig
 from sgl_ess.models import TINY_DSV32_DIR
+from sgl_ess.serving import host_memory
 from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_hot_slots, model_geometry,
                                        resolve_pool_tokens)
 
@@ -76,7 +79,11 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
     if not has_cuda and not has_flag(out, "--sleep-on-idle"):
         out += ["--sleep-on-idle"]   # an idle CPU scheduler otherwise spins a core
     if not has_flag(out, "--attention-backend"):
-        out += ["--attention-backend", "ess" if (cfg.enabled or not has_cuda) else "dsa"]
+        # CPU: the ess torch backend (ESS on or off); CUDA: SGLang's dsa, which sgl-ess extends with
+        # ESS when it is on (cuda_backend.py)
+        out += ["--attention-backend", "dsa" if has_cuda else "ess"]
+    if has_cuda and cfg.enabled:
+        out = cuda_ess_defaults(out)
     if not has_flag(out, "--max-running-requests"):
         out += ["--max-running-requests", str(eng.get("decode_batch_size", DEFAULT_MAX_RUNNING_REQUESTS))]
     if has_flag(out, "--enable-deterministic-inference") and not has_flag(out, "--disable-radix-cache"):
@@ -89,10 +96,19 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
         raise PreflightError(f"--tokenizer-worker-num {workers}: sgl_ess.launch_server's request guard and "
                              f"admission run in the one HTTP process; expected 1")
     geo = model_geometry(flag_value(out, "--model-path") or flag_value(out, "--model") or "")
+    if geo is not None and flag_value(out, "--kv-cache-dtype") == "fp8_e4m3":
+        geo = fp8_geometry(geo, flag_value(out, "--model-path") or flag_value(out, "--model") or "")
+    pool_gb = cfg.memory_pool_size_gb
+    if has_cuda and cfg.enabled and not pool_gb and not has_flag(out, "--max-total-tokens"):
+        usable = host_memory.usable_bytes(host_memory.meminfo())
+        if usable:
+            pool_gb = usable / 1e9
+            logger.info("ESS host pool: %.1f GB by default (available host memory minus the safety margin; "
+                        "set --ess-memory-pool-size-gb to choose)", pool_gb)
     page = int_flag(out, "--page-size") or DSA_PAGE_SIZE
     given = int_flag(out, "--max-total-tokens")
     default = DEFAULT_HOST_TOKENS if cfg.enabled else DEFAULT_DEVICE_TOKENS
-    tokens, source = resolve_pool_tokens(cfg.enabled, cfg.memory_pool_size_gb, given, geo, page, default)
+    tokens, source = resolve_pool_tokens(cfg.enabled, pool_gb, given, geo, page, default)
     if given is None:
         out += ["--max-total-tokens", str(tokens)]
     if not cfg.enabled and cfg.memory_pool_size_gb:
@@ -102,10 +118,39 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
               "memory_pool_size_gb_requested": cfg.memory_pool_size_gb or None}
     if cfg.enabled and geo is not None:
         sizing["host_bytes_expected"] = (tokens + page) * geo.layers * geo.latent_row_bytes
+        host_memory.check_host_pool(sizing["host_bytes_expected"], source)
         running = int_flag(out, "--max-running-requests")
         sizing["hot_slots_per_request"] = check_hot_slots(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
                                                           geo, running)
     return out, sizing
+
+
+def cuda_ess_defaults(argv: list[str]) -> list[str]:
+    """ESS on a GPU: FP8 656-byte rows decoded by FlashMLA over the slot table, 64-token pages, and
+    CUDA graphs off (the decode path is graph-safe by design, but capture is not yet verified)."""
+    out = list(argv)
+    if not has_flag(out, "--kv-cache-dtype"):
+        out += ["--kv-cache-dtype", "fp8_e4m3"]
+    if not has_flag(out, "--dsa-decode-backend") and flag_value(out, "--kv-cache-dtype") == "fp8_e4m3":
+        out += ["--dsa-decode-backend", "flashmla_kv"]
+    if not has_flag(out, "--page-size"):
+        out += ["--page-size", str(DSA_PAGE_SIZE)]
+    if not has_flag(out, "--disable-cuda-graph"):
+        out += ["--disable-cuda-graph"]
+    return out
+
+
+def fp8_geometry(geo, model_path: str):
+    """The model geometry with FlashMLA's FP8 row: kv_lora_rank fp8 + 4 B per 128 + rope bf16."""
+    import dataclasses
+
+    try:
+        with open(os.path.join(model_path, "config.json")) as fh:
+            c = json.load(fh)
+        r, p = int(c["kv_lora_rank"]), int(c["qk_rope_head_dim"])
+    except (OSError, KeyError, ValueError):
+        return geo
+    return dataclasses.replace(geo, latent_row_bytes=r + 4 * (r // 128) + 2 * p)
 
 
 def sizing_json(sizing: dict) -> str:

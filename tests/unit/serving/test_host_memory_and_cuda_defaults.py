@@ -1,0 +1,71 @@
+"""Host-pool sizing against host memory, and the launcher's defaults for ESS on a GPU (pure
+functions: they run before SGLang or torch are imported, so a CPU machine can check them)."""
+import pytest
+
+from sgl_ess.config import build_config
+from sgl_ess.integration.sglang import launcher_defaults as ld
+from sgl_ess.serving import host_memory
+from sgl_ess.serving.preflight import PreflightError
+
+GB = 10 ** 9
+
+
+def test_meminfo_is_read_in_bytes(tmp_path):
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       16384000 kB\nMemFree:  1 kB\nMemAvailable:    8192000 kB\n")
+    assert host_memory.meminfo(str(f)) == {"MemTotal": 16384000 * 1024, "MemAvailable": 8192000 * 1024}
+    assert host_memory.meminfo(str(tmp_path / "missing")) == {}
+
+
+def test_margin_is_the_larger_of_8_gib_and_ten_percent():
+    assert host_memory.safety_margin_bytes(16 * GB) == 8 << 30
+    assert host_memory.safety_margin_bytes(1000 * GB) == 100 * GB
+
+
+def test_a_pool_that_cannot_fit_is_refused_with_the_numbers_and_the_flag():
+    info = {"MemTotal": 256 * GB, "MemAvailable": 200 * GB}        # usable: 200 - 25.6 = 174.4 GB
+    host_memory.check_host_pool(170 * GB, "--ess-memory-pool-size-gb 170", info)
+    with pytest.raises(PreflightError, match=r"needs 180\.00 GB.*200\.00 GB available.*25\.60 GB free.*"
+                                             r"--ess-memory-pool-size-gb"):
+        host_memory.check_host_pool(180 * GB, "--ess-memory-pool-size-gb 180", info)
+    host_memory.check_host_pool(10 ** 15, "x", {})                  # unknown memory: nothing to check
+
+
+def _cfg(**flags):
+    return build_config(None, {k: str(v) for k, v in flags.items()}, environ={})
+
+
+def test_cpu_defaults_keep_the_torch_backend():
+    out, _ = ld.fill_defaults([], _cfg(), has_cuda=False)
+    assert ld.flag_value(out, "--attention-backend") == "ess" and ld.flag_value(out, "--device") == "cpu"
+    assert not ld.has_flag(out, "--disable-cuda-graph")
+
+
+def test_gpu_defaults_for_ess_on(monkeypatch):
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
+                                                                              "MemAvailable": 40 * GB})
+    out, sizing = ld.fill_defaults([], _cfg(), has_cuda=True)
+    assert ld.flag_value(out, "--attention-backend") == "dsa"        # SGLang's, extended by sgl-ess
+    assert ld.flag_value(out, "--kv-cache-dtype") == "fp8_e4m3"
+    assert ld.flag_value(out, "--dsa-decode-backend") == "flashmla_kv"
+    assert ld.flag_value(out, "--page-size") == "64" and ld.has_flag(out, "--disable-cuda-graph")
+    # nothing sized the host pool: available memory minus the margin (40 - 8 GiB), in FP8 rows
+    usable = 40 * GB - (8 << 30)
+    geo = ld.model_geometry(ld.flag_value(out, "--model-path"))
+    fp8_row = 64 + 0 + 2 * 16                                          # tiny model: kv_lora 64, rope 16
+    expected = (usable // (geo.layers * fp8_row)) // 64 * 64 - 64
+    assert int(ld.flag_value(out, "--max-total-tokens")) == expected
+    assert sizing["host_bytes_expected"] <= usable
+
+
+def test_gpu_defaults_for_ess_off_are_sglangs():
+    out, _ = ld.fill_defaults([], _cfg(enabled="false"), has_cuda=True)
+    assert ld.flag_value(out, "--attention-backend") == "dsa"
+    assert not ld.has_flag(out, "--disable-cuda-graph") and not ld.has_flag(out, "--kv-cache-dtype")
+
+
+def test_an_explicit_pool_larger_than_host_memory_stops_the_launch(monkeypatch):
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 32 * GB,
+                                                                              "MemAvailable": 20 * GB})
+    with pytest.raises(PreflightError, match="lower --ess-memory-pool-size-gb"):
+        ld.fill_defaults([], _cfg(memory_pool_size_gb=50), has_cuda=False)

@@ -137,7 +137,7 @@ class EssSparseAttnBackend(AttentionBackend):
         mode = forward_batch.forward_mode
         if self.store is not None and (mode.is_target_verify() or mode.is_draft_extend_v2()):
             return self._speculative(q, layer, forward_batch, topk_indices, lay)
-        if self.store is not None and mode.is_mixed():
+        if self.store is not None and any(self._riding(forward_batch, lay)):
             return self._mixed(q, layer, forward_batch, topk_indices, lay)
         req_rows = forward_batch.req_pool_indices
         tok_req = torch.repeat_interleave(req_rows.long(), torch.tensor(lay.n_q, device=req_rows.device))
@@ -202,12 +202,22 @@ class EssSparseAttnBackend(AttentionBackend):
                                  lambda rows, valid: self._mla(q, layer, rows, valid),
                                  micro_batch=self.micro_batch_base)
 
+    def _riding(self, forward_batch, lay: QueryLayout) -> list[bool]:
+        """Per request of an extend batch: a running request riding in a mixed chunked-prefill
+        batch (one query token, hot buffer open). SGLang hands such batches to the backend as
+        EXTEND (or MIXED) with the running requests after the prefill rows."""
+        if forward_batch.forward_mode.is_target_verify() or forward_batch.forward_mode.is_draft_extend_v2():
+            return []
+        rows = forward_batch.req_pool_indices.tolist()
+        return [n == 1 and self.store.is_open(r) for n, r in zip(lay.n_q, rows)]
+
     def _mixed(self, q, layer, forward_batch, topk, lay: QueryLayout):
         """A mixed chunked-prefill batch: prefill rows read the host pool and (re)open their hot
-        buffers; running requests riding along (one query token, hot buffer open) take the decode
-        path, so their hot buffers and hit rate are those of a pure decode step."""
+        buffers; running requests riding along take the decode path, so their hot buffers and hit
+        rate are those of a pure decode step. (A last prefill chunk of one token also takes it:
+        exact as well, it just keeps the previous chunk's warm-up.)"""
         rows = forward_batch.req_pool_indices.tolist()
-        dec = [n == 1 and self.store.is_open(r) for n, r in zip(lay.n_q, rows)]
+        dec = self._riding(forward_batch, lay)
         first = [sum(lay.n_q[:i]) for i in range(len(rows))]
         tok_req = torch.repeat_interleave(forward_batch.req_pool_indices.long(), torch.tensor(lay.n_q))
         out = q.new_empty(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
@@ -217,6 +227,8 @@ class EssSparseAttnBackend(AttentionBackend):
         if pre_tok.numel():
             out[pre_tok] = self._attend(q[pre_tok], layer, topk[pre_tok], tok_req[pre_tok], self._cache_rows(layer))
         if dec_idx:
+            if layer.layer_id == 0:
+                self.store.note_mixed_decode(len(dec_idx))
             tok = torch.tensor([first[i] for i in dec_idx], dtype=torch.int64)
             reqs = torch.tensor([rows[i] for i in dec_idx], dtype=torch.int64)
             seq_lens = torch.tensor([lay.kv_lens[i] for i in dec_idx], dtype=torch.int64)

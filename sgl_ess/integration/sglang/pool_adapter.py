@@ -265,10 +265,18 @@ class EssPoolAdapter:
             self.plans_late += len(plans)
             return decode_layer(self.store, mode, q3, plans, attend)
 
+    def note_mixed_decode(self, rows: int) -> None:
+        """Running requests served by the decode path inside a mixed chunked-prefill batch."""
+        self.mixed_decode_rows = getattr(self, "mixed_decode_rows", 0) + rows
+
     def spec_usage(self) -> dict:
+        """Counters of the speculative and mixed-batch paths (empty until one runs)."""
+        out = {}
+        if getattr(self, "mixed_decode_rows", 0):
+            out["mixed_decode_rows"] = self.mixed_decode_rows
         if getattr(self, "_spec_rows", None) is None:
-            return {}
-        return {"spec_steps": self.spec_steps, "spec_rows_admitted": self._spec_rows.rows_admitted,
+            return out
+        return {**out, "spec_steps": self.spec_steps, "spec_rows_admitted": self._spec_rows.rows_admitted,
                 "spec_window_entries": self.spec_window_entries,
                 "spec_overflow_entries": self.spec_overflow_entries}
 

@@ -128,6 +128,8 @@ def bench(base: str, backend: str, a, out_file: str) -> tuple[list[str], dict]:
 
 
 PAGE = 64   # DSA pools: 64-token pages
+SPECULATIVE_FLAGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                     "--speculative-num-draft-tokens", "4"]
 
 
 def get_json(base: str, path: str) -> dict:
@@ -190,7 +192,7 @@ def run_mode(name: str, args: list[str], a, tmp: str, levels: list[str] | None =
                                "avg_concurrency": res.get("concurrency"), "peak_running_requests": peak.peak,
                                "completed": res.get("completed"), "num_prompts": a.num_prompts,
                                "mean_ttft_ms": res.get("mean_ttft_ms"), "mean_itl_ms": res.get("mean_itl_ms"),
-                               "duration_s": res.get("duration")}
+                               "duration_s": res.get("duration"), "accept_length": res.get("accept_length")}
         entry = {"server_args": args, "warmup_command": warm_cmd, **by_level[(levels or [None])[0]],
                  "memory_report": status.get("memory"),
                  "kv_device_bytes": kv_device_bytes(status.get("memory") or [])}
@@ -224,8 +226,13 @@ def main() -> None:
     p.add_argument("--no-pressure", action="store_true",
                    help="give ESS off a device pool as large as ESS on's host pool: no memory pressure on either, "
                         "so the ratio is the per-token cost of ESS (goal: ESS on >= 0.95x ESS off)")
+    p.add_argument("--speculative", action="store_true",
+                   help="EAGLE / NextN (MTP) on both servers: " + " ".join(SPECULATIVE_FLAGS) + " (issue 9); the "
+                        "report adds bench_serving's acceptance length")
     a = p.parse_args()
     common = ["--max-running-requests", str(a.max_running), "--decode-log-interval", "1"]
+    if a.speculative:
+        common += SPECULATIVE_FLAGS
     # ESS on: a host pool that holds the whole workload (every request's prompt + output + a page)
     host_tokens = -(-a.num_prompts * (a.input_len + a.output_len + PAGE) // PAGE) * PAGE
     on_args = ["--ess-hot-slots-per-request", str(a.hot_slots), *common, "--max-total-tokens", str(host_tokens)]
@@ -272,6 +279,9 @@ def main() -> None:
     print(f"ESS on / off: output tok/s {r['output_throughput']:.2f}x, peak running {r['peak_running_requests']:.2f}x, "
           f"avg concurrency {r['avg_concurrency']:.2f}x (equal KV device bytes: {budget / 1e6:.2f} MB; "
           f"ESS off pool {off_tokens} tokens)")
+    if a.speculative:
+        print("acceptance length (EAGLE, 3 steps, topk 1, 4 draft tokens): " + ", ".join(
+            f"{name} {e['accept_length']}" for name, e in report["modes"].items()))
     print("wrote", out)
 
 

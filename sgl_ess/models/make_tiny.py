@@ -7,7 +7,10 @@ regenerates them. Re-run only to change the model:
 
 Architecture (``DeepseekV32ForCausalLM``): MLA latent (kv_lora_rank 64 + rope 16), a
 lightning indexer per layer (4 heads x 128 dims, top-k 32), MoE (8 routed experts, 2
-active + 1 shared) after one dense layer. Weights are random (``--load-format dummy``).
+active + 1 shared) after one dense layer, plus one MTP (NextN) layer for EAGLE speculative decoding
+(``num_nextn_predict_layers: 1``; the target model does not include it, so its outputs do not
+change). Weights are random (``--load-format dummy``; the MTP layer is shaped at load time, see
+``mtp_init.py``).
 The tokenizer is a 2048-token byte-level BPE trained on the Python standard library
 sources, which exist on every machine that runs Python.
 """

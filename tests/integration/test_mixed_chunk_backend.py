@@ -14,7 +14,7 @@ from sgl_ess.integration.sglang.backend_registration import create_ess_backend  
 
 from ._fake_runner import (causal_topk, fake_runner, forward_batch, layer, place_requests, query,  # noqa: E402
                            shared_pools, write_rows)
-from .conftest_spec import ess_env  # noqa: E402,F401
+from ._spec_fixtures import ess_env  # noqa: E402,F401
 
 RUNNING, PROMPTS, NEW_ROW, NEW_PROMPT, CHUNK, LAYERS = [1, 2], [150, 90], 3, 80, 16, 2
 

@@ -15,7 +15,7 @@ from sgl_ess.integration.sglang.speculative import EssMultiStepDraftBackend  # n
 
 from ._fake_runner import (TOPK, causal_topk, fake_runner, forward_batch, layer, place_requests,  # noqa: E402
                            query, shared_pools, write_rows)
-from .conftest_spec import ess_env  # noqa: E402,F401
+from ._spec_fixtures import ess_env  # noqa: E402,F401
 
 ROWS, PROMPTS, NDRAFT = [1, 2, 3], [150, 90, 200], 4
 

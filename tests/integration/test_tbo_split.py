@@ -22,7 +22,7 @@ from sgl_ess.integration.sglang.indexer_torch import _EarlyHandoff  # noqa: E402
 
 from ._fake_runner import (causal_topk, fake_runner, forward_batch, layer, place_requests, query,  # noqa: E402
                            shared_pools, write_rows)
-from .conftest_spec import ess_env  # noqa: E402,F401
+from ._spec_fixtures import ess_env  # noqa: E402,F401
 
 ROWS, PROMPTS, STEPS, LAYERS = [1, 2, 3, 4, 5], [150, 90, 200, 120, 170], 6, 2
 SPLIT = 3          # TBO's decode split: the first requests go to micro-batch a

@@ -1,0 +1,26 @@
+"""Fixtures for the in-process backend tests (imported by those test modules)."""
+
+import pytest
+
+pytest.importorskip("sglang")
+
+from sgl_ess.config import ENV_CONFIG_JSON, EssConfig  # noqa: E402
+
+
+@pytest.fixture
+def ess_env(monkeypatch):
+    """ESS on with the inline engine; the process-wide adapter registry restored afterwards."""
+    from sgl_ess.integration.sglang import lifecycle
+
+    def configure(**kw):
+        cfg = EssConfig(prefetch_engine="inline", warmup_queries=4, **kw)
+        monkeypatch.setenv(ENV_CONFIG_JSON, cfg.to_json())
+        return cfg
+
+    configure(hot_slots_per_request=24)
+    before = list(lifecycle._adapters)
+    yield configure
+    for a in lifecycle._adapters:
+        if a not in before:
+            a.shutdown()
+    lifecycle._adapters[:] = before

@@ -35,6 +35,7 @@ Results: bench/results/prefetch.json (command, commit, dirty flag, versions) and
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -175,6 +176,8 @@ def run_config_cuda(args, mode: str, engine: str, tr, index_keys, q) -> dict:
                 layer_ms[layer].append(a.elapsed_time(b))
     stats = store.engine.stats()
     store.shutdown()
+    del store, table
+    gc.collect()
     med = [statistics.median(v) for v in layer_ms]
     busy = stats["tiers"]["immediate"].get("busy_s") or 0.0
     return {"mode": mode, "engine": engine, "per_layer_median": {"layer_ms": med},
@@ -233,6 +236,8 @@ def run_config(args, mode: str, engine: str, tr, index_keys, q) -> dict:
             per_layer["misses"][layer].append((sum(store.counters.snapshot()["layer_misses"]) - misses0) / args.batch)
     stats = store.engine.stats()
     store.shutdown()
+    del store, table
+    gc.collect()                 # give the GBs of host pool and slot space back before the next config
     med = {k: [statistics.median(v) for v in vals] for k, vals in per_layer.items()}
     fetch, exposed = sum(med["fetch_ms"]), sum(med["exposed_ms"])
     return {"mode": mode, "engine": engine, "per_layer_median": med,

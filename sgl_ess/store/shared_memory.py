@@ -6,8 +6,9 @@ scheduler and its worker exit (normally, on SIGTERM or SIGKILL) the kernel frees
 zero when first touched (user data never leaks in from an earlier owner).
 
 Sharing: pass `segment.fd` to a child (`subprocess.Popen(pass_fds=[fd])`, or SCM_RIGHTS) and
-call `SharedSegment.attach(fd, nbytes)` there. Tensors from `tensor()` alias the mapping, so the
-segment must live as long as they do (it keeps itself alive through them, see `tensor`).
+call `SharedSegment.attach(fd, nbytes)` there. Tensors from `tensor()` alias the mapping and keep
+it alive; the file descriptor lives as long as this object (a restarted worker needs it again)
+and is closed when it goes, so a dropped store gives its memory back.
 
 On CUDA the owner page-locks the mapping with cudaHostRegister (sgl_ess.kernels.uva) so GPU
 kernels read and write it zero-copy; this module itself is device-agnostic.
@@ -57,6 +58,19 @@ class SharedSegment:
             return torch.empty(shape, dtype=dtype)
         t = torch.frombuffer(self._map, dtype=dtype, count=count, offset=offset_bytes).view(*shape)
         return t
+
+    def close(self) -> None:
+        """Close this process's file descriptor. The pages go back to the system once every
+        mapping is gone too (the mapping stays while tensors from `tensor()` are alive)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self):
+        self.close()
 
     def data_ptr(self) -> int:
         """Address of the mapping in this process (for cudaHostRegister)."""

@@ -17,8 +17,9 @@ one (the target runner, Two-Batch-Overlap children, the MTP draft backends) gets
      rows, viewed as [S, 1, 656] FP8 rows) and ``page_table_1`` = the int32 slot table.
 FlashMLA returns no log-sum-exp through SGLang's wrapper and its tile schedule covers the whole
 batch, so with SGLang's kernels the level runs as one attention call after the wait (the fetch
-still hides behind the prologue); DA/DBA split attention needs the Triton decode kernel
-(sgl_ess.kernels.sparse_mla_triton), which the store's own path uses.
+still hides behind the prologue). Any other decode implementation SGLang picked is replaced by
+the Triton sparse-MLA decode kernel (sgl_ess.kernels.sparse_mla_triton) over the same slot
+table, which returns the log-sum-exp, so DA and DBA run split as on the CPU path.
 Decode CUDA graphs: the path has no host sync and static shapes by design, but capture is
 unverified, so the launcher disables CUDA graphs with ESS on (``--disable-cuda-graph``).
 """
@@ -65,9 +66,6 @@ def backend_class():
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
             impl = self.dsa_decode_impl
-            if impl not in SUPPORTED_DECODE_IMPLS:
-                raise RuntimeError(f"ESS on CUDA decodes with {', '.join(SUPPORTED_DECODE_IMPLS)}; SGLang chose {impl!r}. "
-                                   "Pass --dsa-decode-backend flashmla_kv with --kv-cache-dtype fp8_e4m3")
             self.store.fence_host()
             loc = forward_batch.out_cache_loc
             if k is not None and save_kv_cache:
@@ -81,6 +79,15 @@ def backend_class():
             topk = self._pad_topk_indices(topk_indices, q_all.shape[0])
             newest = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc.long()]   # zero-copy read
             md = self.forward_metadata
+            reqs, seq_lens, r2t = (forward_batch.req_pool_indices.long(), forward_batch.seq_lens,
+                                   self.req_to_token_pool.req_to_token)
+            if impl not in SUPPORTED_DECODE_IMPLS:      # the Triton fallback: any GPU, split attention
+                from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
+
+                lay = self.store.latent_layout()
+                out = self.store.decode(id(forward_batch), layer.layer_id, q_all, reqs, seq_lens, topk, newest, r2t,
+                                        lambda qq, rows, sl: sparse_mla_decode_triton(qq, rows, sl, lay, layer.scaling))
+                return out.to(q_all.dtype)
 
             def attend(qq, slot_rows, slots):
                 kv = self.store.as_kv_cache(slot_rows)
@@ -94,8 +101,7 @@ def backend_class():
                                                         topk_length=md.dsa_cache_seqlens_int32, attn_sink=None)
                 return out, None
 
-            return self.store.decode(id(forward_batch), layer.layer_id, q_all, forward_batch.req_pool_indices.long(),
-                                     forward_batch.seq_lens, topk, newest, self.req_to_token_pool.req_to_token,
+            return self.store.decode(id(forward_batch), layer.layer_id, q_all, reqs, seq_lens, topk, newest, r2t,
                                      attend, single_call=True)
 
     EssDeepseekSparseAttnBackend.__qualname__ = "EssDeepseekSparseAttnBackend"

@@ -78,6 +78,7 @@ class EssPoolAdapter:
                 "exclude sgl_ess in SGLANG_PLUGINS)")
         mc = model_runner.model_config
         self.kv_dim = pool.kv_cache_dim               # 576 (bf16 rows) or 656 bytes (FP8 FlashMLA rows)
+        self.kv_lora_rank, self.rope_dim = mc.kv_lora_rank, mc.qk_rope_head_dim
         self.dtype = pool.store_dtype
         self.row_bytes = host.row_bytes
         self.layers = pool.layer_num
@@ -197,6 +198,20 @@ class EssPoolAdapter:
                 _, plans, rows = early
                 self.store.slot_rows.index_copy_(0, torch.cat(rows), data)
             return decode_layer(self.store, mode, q3, plans, attend)
+
+    def latent_layout(self):
+        """The rows' LatentLayout (for the Triton decode kernel and the torch reference)."""
+        from sgl_ess.attention.latent_layout import LatentLayout
+
+        r, p = self.kv_lora_rank, self.rope_dim
+        fp8 = LatentLayout("fp8_flashmla", r, p) if r % 128 == 0 else None
+        if fp8 is not None and self.row_bytes == fp8.row_bytes:
+            return fp8
+        kind = {2: "bf16", 4: "fp32"}.get(self.dtype.itemsize)
+        if kind is None or self.row_bytes != (r + p) * self.dtype.itemsize:
+            raise ValueError(f"ESS: latent rows of {self.row_bytes} B ({self.dtype}) match no known layout "
+                             f"(FP8 FlashMLA {r}+{p}, BF16, FP32)")
+        return LatentLayout(kind, r, p)
 
     def as_kv_cache(self, slot_rows: torch.Tensor) -> torch.Tensor:
         """[S, 1, kv_cache_dim] view of slot rows in the pool's dtype (SGLang kernels' kv_cache)."""

@@ -87,6 +87,20 @@ def split_halves(b: int) -> list[slice]:
     return [slice(0, h), slice(h, b)]
 
 
+def only(slots: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The entries of `slots` [T, k] selected by `keep` (others -1). On the CPU the kept entries
+    are also moved to the front, in order, and the table cut to the longest row, so each of DA's
+    two partial attentions reads and scores only its own rows (a masked full-width pass would do
+    the whole attention twice). On a device the width stays k: static shapes, no host sync."""
+    sel = torch.where(keep, slots, torch.full_like(slots, -1))
+    if slots.device.type != "cpu" or slots.numel() == 0:
+        return sel
+    live = sel >= 0
+    width = int(live.sum(dim=1).max())
+    order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :max(width, 1)]
+    return sel.gather(1, order)
+
+
 def attend_step(store, step: StepPlan, q: torch.Tensor, attend: Attend, dual: bool,
                 on_event: Callable[[str, StepPlan], None] | None = None) -> torch.Tensor:
     """Attention for one planned (sub-)batch; commits the plan afterwards. Returns out fp32 [T, h, R]."""
@@ -98,13 +112,12 @@ def attend_step(store, step: StepPlan, q: torch.Tensor, attend: Attend, dual: bo
         note("attn", step)
         out, _ = attend(q, rows, step.read_slots)
     else:
-        neg = torch.full_like(step.read_slots, -1)
         note("attn0", step)
-        o0, l0 = attend(q, rows, torch.where(step.staged, neg, step.read_slots))
+        o0, l0 = attend(q, rows, only(step.read_slots, ~step.staged))
         note("wait", step)
         store.land(step)
         note("attn1", step)
-        o1, l1 = attend(q, rows, torch.where(step.staged, step.read_slots, neg))
+        o1, l1 = attend(q, rows, only(step.read_slots, step.staged))
         out, _ = merge_lse(o0, l0, o1, l1)
     store.commit(step)
     note("commit", step)

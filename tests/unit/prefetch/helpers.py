@@ -1,6 +1,7 @@
 """Shared-memory StoreMemory and random CopyPlans for the prefetch tests (no mocks: real memfds)."""
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import pathlib
@@ -131,8 +132,17 @@ def our_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "sgless-prefetch-*")))
 
 
-def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def open_fds() -> set[tuple[str, str]]:
+    """This process's open fds as (number, target). Garbage from earlier tests is collected first, so an fd that an
+    unrelated dropped object closes later cannot look like a change; callers check that nothing NEW is open."""
+    gc.collect()
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:                   # the listdir fd itself, closed by now
+            pass
+    return out
 
 
 ALL_TIERS = TIERS

@@ -24,6 +24,7 @@ import time
 import torch
 
 from bench.meta import write_result
+from bench.workload_args import add_workload_args, apply_threads
 from bench.store_bench import trace
 from sgl_ess.attention.latent_layout import LatentLayout
 from sgl_ess.attention.reference import sparse_mla_decode
@@ -149,24 +150,15 @@ def decode_bench(args):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench kernels", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch", type=int, default=64, help="requests per step (default 64)")
-    p.add_argument("--k", type=int, default=2048, help="top-k entries (default 2048)")
-    p.add_argument("--slots", type=int, default=6400, help="hot slots N per request (default 6400)")
-    p.add_argument("--context", type=int, default=32768, help="context tokens (default 32768)")
-    p.add_argument("--repeat", type=float, default=0.85, help="fraction of top-k kept step to step")
+    add_workload_args(p)
     p.add_argument("--steps", type=int, default=22, help="resolver steps (2 warm-up; default 22)")
     p.add_argument("--heads", type=int, default=128, help="query heads (default 128)")
     p.add_argument("--decode-tokens", type=int, default=None, help="query tokens (default 64 on CUDA, 8 on CPU)")
     p.add_argument("--decode-rows", type=int, default=None, help="hot rows (default batch*slots on CUDA, 20000 on CPU)")
     p.add_argument("--decode-reps", type=int, default=10, help="timed decode calls (default 10)")
     p.add_argument("--out", default=None, help="also write the JSON result here")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (default: torch's own); on a shared, loaded machine 1 avoids "
-                        "OpenMP regions stalling on a descheduled second thread")
     args = p.parse_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     load_before = os.getloadavg()[0]
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():

@@ -23,6 +23,7 @@ import time
 import torch
 
 from bench.meta import write_result
+from bench.workload_args import add_workload_args, apply_threads
 from sgl_ess.core.lru_oracle import LruOracle
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
@@ -163,22 +164,13 @@ def _stats(xs):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench store", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=64, help="requests per step (default 64)")
-    p.add_argument("--k", type=int, default=2048, help="top-k entries per request (default 2048)")
-    p.add_argument("--slots", type=int, default=6400, help="hot-buffer slots N per request (default 6400)")
-    p.add_argument("--context", type=int, default=32768, help="context tokens per request (default 32768)")
-    p.add_argument("--repeat", type=float, default=0.85, help="fraction of top-k kept step to step")
+    add_workload_args(p)
     p.add_argument("--steps", type=int, default=12, help="timed resolver steps (default 12)")
     p.add_argument("--oracle-steps", type=int, default=4, help="timed oracle steps (slow; default 4)")
     p.add_argument("--warmup-window", type=int, default=32, help="W prefill positions (default 32)")
     p.add_argument("--miss-steps", type=int, default=20, help="decode steps for the miss figures")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (default: torch's own); on a shared, loaded machine 1 avoids "
-                        "OpenMP regions stalling on a descheduled second thread")
     args = p.parse_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     load_before = os.getloadavg()[0]
     g = torch.Generator().manual_seed(0)
     print(f"[store bench] batch {args.batch}, k {args.k}, N {args.slots}, context {args.context}, "

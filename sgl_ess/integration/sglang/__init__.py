@@ -10,5 +10,20 @@ Module map:
   pool_adapter.py          adapter between SGLang's pools/requests and ``sgl_ess.store.LatentStore``
   lifecycle.py             frees hot buffers / host rows on finish, abort, retract, flush; usage into internal state
   dummy_init.py            unit-variance random weights for the embedded model (``SGLESS_DUMMY_INIT=scaled``)
+  host_pool_class.py       SGLang's DSA pool class built host-backed: its latent buffers ARE the ESS host rows
+  cuda_backend.py          CUDA: SGLang's DSA backend whose decode reads the ESS slot space (FlashMLA / Triton); NOT YET RUN
+  cuda_memory.py           CUDA: token-pool sizing without device latents; NOT YET RUN
+  speculative.py           EAGLE / NextN (MTP) draft backends with ESS, verify's query layout
+  spec_cpu_kernels.py      torch versions of the sgl-kernel CPU ops SGLang's EAGLE path calls on CPU
+  compat.py                launch-time refusal of flag combinations ESS does not serve (names the flag and why)
+  runtime_config.py        ``POST /ess/overlap_level``: change the overlap level of a running server
+  request_guard.py         ASGI request guard in front of SGLang's app (400s naming the field and the range)
+  tokenizer.py             SGLang's TokenizerManager plus admission after tokenization and the crash handler
+  crash_handler.py         one clear line and a distinct exit code when a server process dies
+  health.py                ``GET /health`` reflecting ESS state
+  status_route.py          ``GET /ess/status``; scheduler_state.py: the read-only scheduler views behind it
+  metrics_exporter.py      Prometheus exporter of sgl_ess.obs.metrics; ops_hooks.py: the operations plugin entry point
+  scheduler_probe.py       once per scheduler: memory report, scheduler reference for metrics
+  launcher_defaults.py     flags the launcher adds and token-pool sizing; process_env.py: environment before start
   server_args.py           ``python -m sgl_ess.launch_server``: ``--ess-*`` flags, defaults, ``/ess/status``
 """

@@ -68,9 +68,15 @@ class OverlapProfile:
         return json.dumps({"format": PROFILE_FORMAT, "layers": self.modes, "source": self.source}, indent=1)
 
 
-def layer_mode(level: str, layer: int, profile: OverlapProfile | None, num_layers: int | None = None) -> str:
+def layer_mode(level: str, layer: int, profile: OverlapProfile | None, num_layers: int | None = None,
+               synchronous: bool = False) -> str:
+    """The schedule of `layer` at `level`. With a synchronous engine (the fetch is done when submit
+    returns) there is nothing to overlap: DA's split attention and DBA's two resolver passes would
+    only add work, so every layer runs 'none' (same outputs; the configured level is kept)."""
     if level not in LEVELS:
         raise ValueError(f"overlap level {level!r}: expected one of {', '.join(LEVELS)}")
+    if synchronous:
+        return "none"
     if level != "full":
         return level
     if profile is None:

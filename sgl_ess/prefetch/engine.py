@@ -65,6 +65,9 @@ class FetchEngine(ABC):
     # stream engine): readers then need not verify ring tags. False for engines in this or another
     # process that write host-visible memory.
     ordered_on_device = False
+    # True when submit() has finished the move before it returns (nothing can overlap with it):
+    # overlap levels then have nothing to hide and decode runs as 'none' (see layer_mode).
+    synchronous = False
 
     def __init__(self, mem: StoreMemory, backend: str = "auto"):
         self.mem = mem
@@ -102,6 +105,7 @@ class InlineEngine(FetchEngine):
     are dropped, as a worker would)."""
 
     name = "inline"
+    synchronous = True
 
     def submit(self, plan: CopyPlan) -> Ticket:
         t = self._assign_id(plan)

@@ -9,11 +9,12 @@ from sgl_ess.config import ENV_CONFIG_JSON, EssConfig  # noqa: E402
 
 @pytest.fixture
 def ess_env(monkeypatch):
-    """ESS on with the inline engine; the process-wide adapter registry restored afterwards."""
+    """ESS on (the inline engine unless told otherwise); the process-wide adapter registry restored afterwards."""
     from sgl_ess.integration.sglang import lifecycle
 
     def configure(**kw):
-        cfg = EssConfig(prefetch_engine="inline", warmup_queries=4, **kw)
+        kw.setdefault("prefetch_engine", "inline")
+        cfg = EssConfig(warmup_queries=4, **kw)
         monkeypatch.setenv(ENV_CONFIG_JSON, cfg.to_json())
         return cfg
 

@@ -1,6 +1,6 @@
 """The asynchronous data path inside the real server: greedy tokens and log-probs with ESS on
 equal ESS off for every overlap level (none / da / dba / full) with both fetch engines (the
-prefetch worker process over ZMQ, and inline). The level is switched at run time through
+prefetch worker process over ZMQ, and inline, which runs every level as 'none'). The level is switched at run time through
 SGLang's /set_internal_state, so one server per engine covers every level.
 
 Hot buffers of 40 slots per request and layer (index_topk 32) under contexts of ~300 tokens:
@@ -70,7 +70,10 @@ def test_every_level_matches_ess_off(server_engine, reference):
         got = run_batch(srv)
         after = srv.ess_usage()
         assert after["rows_h2d"] > before["rows_h2d"], f"{engine}/{level}: no host->device fetch happened"
-        if level in ("da", "dba"):   # the fetch was submitted by the indexer hand-off, not inside attention
+        if engine == "inline":       # synchronous: nothing to overlap, every level runs as 'none'
+            assert after["overlap_runs_as"] == "none" and after["plans_early"] == before["plans_early"]
+        elif level in ("da", "dba"):  # the fetch was submitted by the indexer hand-off, not inside attention
+            assert after["overlap_runs_as"] == level
             assert after["plans_early"] > before["plans_early"], f"{engine}/{level}: no early plan"
         for i, (a, b) in enumerate(zip(got, reference)):
             assert [t for t, _ in a] == [t for t, _ in b], f"{engine}/{level} request {i}: tokens differ"

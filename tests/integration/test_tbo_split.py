@@ -102,7 +102,8 @@ def _run(split: bool):
 
 @pytest.mark.parametrize("level", ["none", "da", "dba"])
 def test_split_batch_equals_whole_batch(ess_env, level):
-    ess_env(hot_slots_per_request=24, prefetch_overlap_level=level)
+    # the worker engine: with the inline one (synchronous) every level runs as 'none'
+    ess_env(hot_slots_per_request=24, prefetch_overlap_level=level, prefetch_engine="worker")
     whole, _, _, state_whole, _ = _run(split=False)
     split, events, rings, state_split, tbo = _run(split=True)
     assert [c.micro_batch_base for c in tbo.children] == [0, 2] and tbo.primary.micro_batch_base == 0

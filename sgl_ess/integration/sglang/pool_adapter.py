@@ -107,6 +107,10 @@ class EssPoolAdapter:
         self.plans_early = 0      # plans submitted by the indexer hand-off (fetch hidden behind compute)
         self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
         self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
+        if self.store.engine.synchronous and self.level != "none":
+            logger.info("ESS overlap level %s: the %s prefetch engine fetches in the calling thread, so there is "
+                        "nothing to overlap; decode runs as 'none' (--ess-prefetch-engine worker overlaps)",
+                        self.level, self.store.engine.name)
         logger.info("ESS store: %d layers x %d host rows x %d B (host %.1f MB), hot %d slots/request x %d rows "
                     "(device %.2f MB)", self.layers, self.store_cfg.host_capacity_tokens, self.row_bytes,
                     self.store_cfg.host_bytes / 1e6, hot, max_requests, self.store_cfg.device_bytes / 1e6)
@@ -132,7 +136,7 @@ class EssPoolAdapter:
             self.store.warmup(layer, r, s, ids, req_to_token)
 
     def mode(self, layer: int) -> str:
-        return layer_mode(self.level, layer, self.profile, self.layers)
+        return layer_mode(self.level, layer, self.profile, self.layers, synchronous=self.store.engine.synchronous)
 
     def set_level(self, level: str) -> None:
         """Switch the overlap level (runtime_config.py); 'full' loads the profile on first use."""
@@ -328,7 +332,8 @@ class EssPoolAdapter:
         snap = self.store.counters.snapshot()
         u.update(hit_rate=snap["hit_rate"], rows_h2d=sum(snap["rows_h2d"]), warmup_rows=sum(snap["warmup_rows"]),
                  refetch_rows=sum(snap["refetch_rows"]), hot_slots_per_request=self.store_cfg.hot_slots_per_request,
-                 overlap_level=self.level, plans_early=self.plans_early, plans_late=self.plans_late,
+                 overlap_level=self.level,
+                 overlap_runs_as="none" if self.store.engine.synchronous else self.level, plans_early=self.plans_early, plans_late=self.plans_late,
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
         u.update(self.spec_usage())

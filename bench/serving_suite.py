@@ -14,11 +14,14 @@ pool: tokens = device bytes / (layers x (latent row + index key row)). Model wei
 req_to_token map are the same in both and are reported, not counted.
 
 Per mode: a warm-up pass (other prompts, then /flush_cache), then the measured
-``python -m sglang.bench_serving --backend sglang`` (and a short ``--backend sglang-oai`` pass).
+``python -m sglang.bench_serving --backend sglang`` ``--repeats`` times (each after /flush_cache;
+the median-throughput run is reported, with every run's throughput), and a short
+``--backend sglang-oai`` pass.
 Dataset: ``random-ids`` -- generated token ids, no download; bench_serving runs with
 HF_HUB_OFFLINE=1 / HF_DATASETS_OFFLINE=1, so it works on a machine without network. Results:
 ``bench/results/serving_<UTC time>.json`` with commands, commit, versions and both memory reports.
-The servers run one after the other so they do not share the CPU.
+All servers are up together and measured in interleaved rounds (an idle server waits on its
+sockets), so a shared machine's drift reaches every configuration alike.
 """
 
 from __future__ import annotations
@@ -171,42 +174,69 @@ def set_level(base: str, level: str) -> None:
         raise RuntimeError(f"the server did not switch to overlap level {level}: {got}")
 
 
-def run_mode(name: str, args: list[str], a, tmp: str, levels: list[str] | None = None) -> tuple[dict, dict]:
-    """One server; with `levels` (ESS on) the measured run repeats per overlap level, switched at
-    run time on the same server, and the first level's entry is returned with the others under
-    'by_level'."""
-    log = os.path.join(tmp, f"{name}.log")
-    proc, base = start_server(args, log)
-    try:
-        status = get_json(base, "/ess/status")
-        warm = argparse.Namespace(**{**vars(a), "num_prompts": a.warmup_prompts, "seed": 2})
-        warm_cmd, _ = bench(base, "sglang", warm, os.path.join(tmp, f"{name}_warmup.jsonl"))
-        by_level = {}
-        for level in levels or [None]:
-            if level is not None:
-                set_level(base, level)
-            flush(base)
-            with PeakRunning(log) as peak:
-                cmd, res = bench(base, "sglang", a, os.path.join(tmp, f"{name}_{level}.jsonl"))
-            by_level[level] = {"bench_command": cmd, "output_throughput_tok_s": res.get("output_throughput"),
-                               "avg_concurrency": res.get("concurrency"), "peak_running_requests": peak.peak,
-                               "completed": res.get("completed"), "num_prompts": a.num_prompts,
-                               "mean_ttft_ms": res.get("mean_ttft_ms"), "mean_itl_ms": res.get("mean_itl_ms"),
-                               "duration_s": res.get("duration"), "accept_length": res.get("accept_length")}
-        entry = {"server_args": args, "warmup_command": warm_cmd, **by_level[(levels or [None])[0]],
-                 "memory_report": status.get("memory"),
-                 "kv_device_bytes": kv_device_bytes(status.get("memory") or [])}
-        if levels:
-            entry["prefetch_engine"] = get_json(base, "/ess/status")["schedulers"][0]["prefetch"]["engine"]
-            entry["by_level"] = by_level
-        if a.oai_prompts:
-            b = argparse.Namespace(**{**vars(a), "num_prompts": a.oai_prompts})
-            oai_cmd, oai = bench(base, "sglang-oai", b, os.path.join(tmp, f"{name}_oai.jsonl"))
-            entry["openai_backend"] = {"command": oai_cmd, "completed": oai.get("completed"),
-                                       "output_throughput_tok_s": oai.get("output_throughput")}
-        return entry, status
-    finally:
-        stop_server(proc)
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median output throughput (all its fields from that one run), plus every
+    run's throughput: on a shared machine one short run can be off by several percent."""
+    ranked = sorted(runs, key=lambda r: r["output_throughput_tok_s"] or 0.0)
+    med = dict(ranked[(len(ranked) - 1) // 2])
+    med["output_throughput_runs"] = [r["output_throughput_tok_s"] for r in runs]
+    med["completed"] = min(r["completed"] or 0 for r in runs)
+    return med
+
+
+class Mode:
+    """One server under test: started and warmed up, then measured in rounds (`measure`), then
+    closed (`finish`: the OpenAI-backend pass, then stop)."""
+
+    def __init__(self, name: str, args: list[str], a, tmp: str, levels: list[str] | None = None):
+        self.name, self.args, self.a, self.tmp, self.levels = name, args, a, tmp, levels
+        self.log = os.path.join(tmp, f"{name}.log")
+        self.proc, self.base = start_server(args, self.log)
+        try:
+            self.status = get_json(self.base, "/ess/status")
+            warm = argparse.Namespace(**{**vars(a), "num_prompts": a.warmup_prompts, "seed": 2})
+            self.warm_cmd, _ = bench(self.base, "sglang", warm, os.path.join(tmp, f"{name}_warmup.jsonl"))
+        except BaseException:
+            stop_server(self.proc)
+            raise
+        self.runs: dict = {level: [] for level in levels or [None]}
+
+    def measure(self, level: str | None, rep: int) -> float:
+        if level is not None:
+            set_level(self.base, level)
+        flush(self.base)
+        a = self.a
+        with PeakRunning(self.log) as peak:
+            cmd, res = bench(self.base, "sglang", a, os.path.join(self.tmp, f"{self.name}_{level}_{rep}.jsonl"))
+        self.runs[level].append({"bench_command": cmd, "output_throughput_tok_s": res.get("output_throughput"),
+                                 "avg_concurrency": res.get("concurrency"), "peak_running_requests": peak.peak,
+                                 "completed": res.get("completed"), "num_prompts": a.num_prompts,
+                                 "mean_ttft_ms": res.get("mean_ttft_ms"), "mean_itl_ms": res.get("mean_itl_ms"),
+                                 "duration_s": res.get("duration"), "accept_length": res.get("accept_length")})
+        return res.get("output_throughput") or 0.0
+
+    def finish(self) -> dict:
+        """The first level's median run is the entry; every level under 'by_level'."""
+        try:
+            by_level = {level: median_run(runs) for level, runs in self.runs.items()}
+            first = (self.levels or [None])[0]
+            entry = {"server_args": self.args, "warmup_command": self.warm_cmd, **by_level[first],
+                     "memory_report": self.status.get("memory"),
+                     "kv_device_bytes": kv_device_bytes(self.status.get("memory") or [])}
+            if self.levels:
+                entry["prefetch_engine"] = get_json(self.base, "/ess/status")["schedulers"][0]["prefetch"]["engine"]
+                entry["by_level"] = by_level
+            if self.a.oai_prompts:
+                b = argparse.Namespace(**{**vars(self.a), "num_prompts": self.a.oai_prompts})
+                oai_cmd, oai = bench(self.base, "sglang-oai", b, os.path.join(self.tmp, f"{self.name}_oai.jsonl"))
+                entry["openai_backend"] = {"command": oai_cmd, "completed": oai.get("completed"),
+                                           "output_throughput_tok_s": oai.get("output_throughput")}
+            return entry
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        stop_server(self.proc)
 
 
 def main() -> None:
@@ -218,6 +248,9 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=32, help="--max-running-requests for both servers")
     p.add_argument("--warmup-prompts", type=int, default=4, help="warm-up pass before each measured run")
     p.add_argument("--oai-prompts", type=int, default=4, help="prompts for the OpenAI-backend pass (0 = skip)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="measured runs per server and level; the run with the median throughput is reported, "
+                        "with every run's throughput (default 3)")
     p.add_argument("--ess-engines", default="auto",
                    help="comma list of --ess-prefetch-engine values; one ESS-on server each (auto, worker, inline)")
     p.add_argument("--ess-levels", default="da",
@@ -243,17 +276,34 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="sgl_ess_bench_")
     engines = a.ess_engines.split(",")
     levels = a.ess_levels.split(",")
-    ons = {}
-    for engine in engines:
-        ons[engine] = run_mode(f"ess_on_{engine}", on_args + ["--ess-prefetch-engine", engine], a, tmp, levels)
+    servers: list[Mode] = []
+    try:
+        for engine in engines:
+            print(f"starting ESS on, engine {engine}", flush=True)
+            servers.append(Mode(f"ess_on_{engine}", on_args + ["--ess-prefetch-engine", engine], a, tmp, levels))
+        on_status = servers[0].status
+        budget = kv_device_bytes(on_status.get("memory") or [])["total"]
+        off_tokens, per_token = off_pool_tokens(on_status, budget)
+        if a.no_pressure:
+            off_tokens = host_tokens
+            report["accounting"] = ("no memory pressure: ESS off's device pool holds as many tokens as ESS on's "
+                                    "host pool")
+        off_args = ["--ess-enabled", "false", "--max-total-tokens", str(off_tokens), *common]
+        print("starting ESS off", flush=True)
+        servers.insert(0, Mode("ess_off", off_args, a, tmp))
+        # interleaved rounds: every (server, level) once per round, so slow drift of a shared machine
+        # reaches every configuration alike; idle servers wait on their sockets
+        for rep in range(a.repeats):
+            for srv in servers:
+                for level in srv.levels or [None]:
+                    tps = srv.measure(level, rep)
+                    print(f"round {rep + 1}/{a.repeats}  {srv.name:14} level={level}  {tps:7.1f} tok/s", flush=True)
+        off = servers[0].finish()
+        ons = {engine: (srv.finish(), srv.status) for engine, srv in zip(engines, servers[1:])}
+    finally:
+        for srv in servers:
+            srv.close()
     on, on_status = ons[engines[0]]
-    budget = on["kv_device_bytes"]["total"]
-    off_tokens, per_token = off_pool_tokens(on_status, budget)
-    if a.no_pressure:
-        off_tokens = host_tokens
-        report["accounting"] = "no memory pressure: ESS off's device pool holds as many tokens as ESS on's host pool"
-    off_args = ["--ess-enabled", "false", "--max-total-tokens", str(off_tokens), *common]
-    off, _ = run_mode("ess_off", off_args, a, tmp)
     report["modes"] = {"ess_off": off, "ess_on": on}
     report["engines_x_levels"] = {
         engine: {level: {**e, "over_off": e["output_throughput_tok_s"] / off["output_throughput_tok_s"]}

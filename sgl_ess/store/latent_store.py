@@ -191,9 +191,11 @@ class LatentStore:
                              f"{list(topk_ids.shape)}")
         n = self.cfg.hot_slots_per_request
         ids = topk_ids.to(self.device, torch.int64)
-        for w in range(ids.shape[1]):
-            check_topk(ids[:, w], seq_lens, "warmup topk_ids")
-            assign(self.hot, layer, reqs, seq_lens, ids[:, w])
+        check_topk(ids.reshape(reqs.numel(), -1), seq_lens, "warmup topk_ids")   # all W sets, one host sync
+        live_steps = (ids >= 0).flatten(2).any(dim=2).any(dim=0).tolist() if ids.numel() else []
+        for w, live in enumerate(live_steps):
+            if live:                               # a step of padding only touches nothing
+                assign(self.hot, layer, reqs, seq_lens, ids[:, w])
         s2t = self.hot.slot_to_token[layer].index_select(0, reqs)
         ar = torch.arange(n, device=self.device).expand_as(s2t)
         whole = (seq_lens <= n).unsqueeze(1) & (ar < seq_lens.unsqueeze(1))

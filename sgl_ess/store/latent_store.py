@@ -192,7 +192,8 @@ class LatentStore:
                              f"{list(topk_ids.shape)}")
         n = self.cfg.hot_slots_per_request
         ids = topk_ids.to(self.device, torch.int64)
-        check_topk(ids.reshape(reqs.numel(), -1), seq_lens, "warmup topk_ids")   # all W sets, one host sync
+        check_topk(ids.reshape(ids.shape[0], -1) if ids.shape[0] else ids[:, 0], seq_lens,
+                   "warmup topk_ids")            # all W sets at once: one host sync
         live_steps = (ids >= 0).flatten(2).any(dim=2).any(dim=0).tolist() if ids.numel() else []
         for w, live in enumerate(live_steps):
             if live:                               # a step of padding only touches nothing

@@ -332,8 +332,8 @@ class EssPoolAdapter:
         snap = self.store.counters.snapshot()
         u.update(hit_rate=snap["hit_rate"], rows_h2d=sum(snap["rows_h2d"]), warmup_rows=sum(snap["warmup_rows"]),
                  refetch_rows=sum(snap["refetch_rows"]), hot_slots_per_request=self.store_cfg.hot_slots_per_request,
-                 overlap_level=self.level,
-                 overlap_runs_as="none" if self.store.engine.synchronous else self.level, plans_early=self.plans_early, plans_late=self.plans_late,
+                 overlap_level=self.level, overlap_runs_as="none" if self.store.engine.synchronous else self.level,
+                 plans_early=self.plans_early, plans_late=self.plans_late,
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
         u.update(self.spec_usage())

@@ -84,10 +84,20 @@ class Server:
         with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
             return json.loads(r.read())
 
-    def flush_cache(self) -> None:
-        req = urllib.request.Request(self.base + "/flush_cache", method="POST")
-        with urllib.request.urlopen(req, timeout=60) as r:
-            r.read()
+    def flush_cache(self, wait_s: float = 60.0) -> None:
+        """POST /flush_cache. SGLang answers 400 while requests are still pending (an abort or a
+        finished request not yet cleaned up): retry until `wait_s`, then raise."""
+        deadline = time.time() + wait_s
+        while True:
+            req = urllib.request.Request(self.base + "/flush_cache", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    r.read()
+                return
+            except urllib.error.HTTPError as e:
+                if e.code != 400 or time.time() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def ess_usage(self) -> dict:
         return self.get("/ess/status")["schedulers"][0]

@@ -19,8 +19,11 @@ pytestmark = pytest.mark.integration
 HANG_S = 120   # a refusal comes in well under this; today's main never answers
 
 
-def _generate(server, prompt_tokens, max_new, timeout=HANG_S):
-    return call(server.base, "/generate", {"input_ids": ids_prompt(prompt_tokens), "sampling_params": {
+def _generate(server, prompt_tokens, max_new, timeout=HANG_S, first_id=None):
+    ids = ids_prompt(prompt_tokens)
+    if first_id is not None:        # a prompt sharing no prefix (no radix-cache page) with the others
+        ids[0] = first_id
+    return call(server.base, "/generate", {"input_ids": ids, "sampling_params": {
         "max_new_tokens": max_new, "ignore_eos": True, "temperature": 0}}, timeout=timeout)
 
 
@@ -44,10 +47,11 @@ def test_request_that_fits_gets_every_token(server_ops):
 
 
 def test_queue_length_and_wait_are_visible(server_ops):
-    """Three requests of 1500 + 300 tokens: two fit the pool together, the third must wait."""
+    """Three requests of 1500 + 300 tokens with distinct prompts (identical ones share their prompt
+    through the radix cache, and all three fit): two fit the pool together, the third must wait."""
     seen = []
     with cf.ThreadPoolExecutor(3) as ex:
-        jobs = [ex.submit(_generate, server_ops, 1500, 300, 900) for _ in range(3)]
+        jobs = [ex.submit(_generate, server_ops, 1500, 300, 900, 1900 + j) for j in range(3)]
         while not all(j.done() for j in jobs):
             q = server_ops.ess_usage()["queue"]
             seen.append(q)

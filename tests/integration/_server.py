@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -102,11 +103,48 @@ class Server:
     def ess_usage(self) -> dict:
         return self.get("/ess/status")["schedulers"][0]
 
+    def generate_then_abort(self, body: dict, after_s: float, join_s: float = 300):
+        """POST /generate `body` under a fresh rid in a thread, abort it by rid after `after_s`;
+        returns the response, or the exception an aborted request may answer with."""
+        rid = f"abort-{time.time_ns()}"
+        out = {}
+
+        def run():
+            try:
+                out["r"] = self.post("/generate", {**body, "rid": rid})
+            except Exception as e:  # noqa: BLE001 - the abort's own answer
+                out["r"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(after_s)
+        req = urllib.request.Request(self.base + "/abort_request", data=json.dumps({"rid": rid}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=60).read()     # the answer need not be JSON
+        t.join(timeout=join_s)
+        return out.get("r")
+
+    def wait_ess_zero(self, timeout_s: float = 60) -> dict:
+        """Flush the prefix cache and poll until the ESS usage of the scheduler (and of its draft
+        stores, with speculation) is back to zero; the usage, or AssertionError at the deadline."""
+        deadline, u = time.time() + timeout_s, None
+        while time.time() < deadline:
+            self.flush_cache(wait_s=max(0.0, deadline - time.time()))
+            u = self.ess_usage()
+            if ess_usage_zero(u) and all(ess_usage_zero(d) for d in u.get("draft", [])):
+                return u
+            time.sleep(1.0)
+        raise AssertionError(f"ESS usage did not return to zero: {u}")
+
     def generate(self, text: str, max_new_tokens: int, **extra) -> dict:
         body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
                                                    "ignore_eos": True}, "return_logprob": True}
         body.update(extra)
         return self.post("/generate", body)
+
+
+def ess_usage_zero(u: dict) -> bool:
+    """One store's usage (a scheduler's, or a draft store's) holds nothing."""
+    return u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0
 
 
 def group_alive(pgid: int) -> bool:

@@ -7,7 +7,7 @@ import pytest
 
 from .conftest import HOT_SLOTS, _start
 from ._server import group_alive
-from .test_usage_release import _prompt, _wait_zero
+from .test_usage_release import _prompt
 
 pytestmark = pytest.mark.integration
 
@@ -29,5 +29,5 @@ def test_retracted_requests_complete_and_release_everything(server_retract):
     retracted = [int(n) for n in re.findall(r"Testing retraction\. #retracted_reqs: (\d+)",
                                              server_retract.log_tail(100000))]
     assert sum(retracted) > 0, "SGLang did not retract any request; the test proves nothing"
-    u = _wait_zero(server_retract)
+    u = server_retract.wait_ess_zero()
     assert u["hot_requests_open"] == 0 and u["hot_slots_used"] == 0 and u["host_tokens_used"] == 0

@@ -13,14 +13,10 @@ Then requests are aborted in the middle of speculative steps: both stores (targe
 return to zero. One server at a time (2 cores)."""
 
 import concurrent.futures as cf
-import json
-import threading
-import time
-import urllib.request
 
 import pytest
 
-from ._server import Server, group_alive
+from ._server import Server, ess_usage_zero, group_alive
 from .conftest import _need_sglang
 
 pytestmark = pytest.mark.integration
@@ -55,41 +51,9 @@ def _batch(server):
 
 
 def _abort_mid_speculation(server, i):
-    """/generate with a rid, aborted while it is in its speculative steps."""
-    rid = f"spec-abort-{i}-{time.time_ns()}"
-    done = {}
-    t = threading.Thread(target=lambda: done.setdefault("r", _safe(lambda: server.post("/generate", {
-        "text": PROMPTS[i % len(PROMPTS)], "rid": rid,
-        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}))))
-    t.start()
-    time.sleep(2.0 + i)
-    req = urllib.request.Request(server.base + "/abort_request", data=json.dumps({"rid": rid}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=60).read()
-    t.join(timeout=300)
-    return done.get("r")
-
-
-def _safe(fn):
-    try:
-        return fn()
-    except Exception as e:  # an aborted request may answer with an HTTP error
-        return e
-
-
-def _zero(u):
-    return u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0
-
-
-def _wait_zero(server, timeout_s=90):
-    deadline, u = time.time() + timeout_s, None
-    while time.time() < deadline:
-        server.flush_cache()
-        u = server.ess_usage()
-        if _zero(u) and all(_zero(d) for d in u.get("draft", [])):
-            return u
-        time.sleep(1.0)
-    raise AssertionError(f"ESS usage did not return to zero after aborts: {u}")
+    """/generate aborted while it is in its speculative steps."""
+    return server.generate_then_abort({"text": PROMPTS[i % len(PROMPTS)], "sampling_params": {
+        "max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}, after_s=2.0 + i)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +71,7 @@ def runs():
                 with cf.ThreadPoolExecutor(3) as ex:
                     aborted = list(ex.map(lambda i: _abort_mid_speculation(srv, i), range(3)))
                 res["aborted"] = aborted
-                res["after_aborts"] = _wait_zero(srv)
+                res["after_aborts"] = srv.wait_ess_zero(timeout_s=90)
             out[name] = res
         finally:
             srv.stop()
@@ -155,4 +119,4 @@ def test_usage_back_to_zero_after_aborts_mid_speculation(runs):
     res = runs["on_overflow"]
     assert len(res["aborted"]) == 3
     u = res["after_aborts"]
-    assert _zero(u) and _zero(u["draft"][0])
+    assert ess_usage_zero(u) and ess_usage_zero(u["draft"][0])

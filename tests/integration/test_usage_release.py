@@ -2,8 +2,6 @@
 
 import concurrent.futures as cf
 import json
-import threading
-import time
 import urllib.request
 
 import pytest
@@ -36,39 +34,9 @@ def _stream_then_disconnect(server, i):
 
 
 def _generate_then_abort(server, i):
-    rid = f"ess-abort-{i}-{time.time_ns()}"
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", _safe(lambda: server.post("/generate", {
-        "text": _prompt(i), "rid": rid, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}))))
-    t.start()
-    time.sleep(0.5)
-    req = urllib.request.Request(server.base + "/abort_request", data=json.dumps({"rid": rid}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=60).read()
-    t.join(timeout=120)
-    return out.get("r")
-
-
-def _safe(fn):
-    try:
-        return fn()
-    except Exception as e:  # an aborted request may answer with an HTTP error
-        return e
-
-
-def _wait_zero(server, timeout_s=60):
-    deadline = time.time() + timeout_s
-    u = None
-    while time.time() < deadline:
-        try:
-            server.flush_cache()
-        except Exception:
-            pass
-        u = server.ess_usage()
-        if u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0:
-            return u
-        time.sleep(1.0)
-    raise AssertionError(f"ESS usage did not return to zero: {u}")
+    return server.generate_then_abort({"text": _prompt(i), "sampling_params": {"max_new_tokens": 300,
+                                                                              "ignore_eos": True}},
+                                      after_s=0.5, join_s=120)
 
 
 def test_usage_returns_to_zero_after_many_requests_and_aborts(server_on):
@@ -84,5 +52,5 @@ def test_usage_returns_to_zero_after_many_requests_and_aborts(server_on):
         results = [j.result(timeout=600) for j in jobs]
     assert all(r["meta_info"]["completion_tokens"] == 16 for r in results[:16])
     assert busy["host_tokens_capacity"] > 0
-    u = _wait_zero(server_on)
+    u = server_on.wait_ess_zero()
     assert u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0

@@ -9,9 +9,10 @@ Prints and writes bench/results/store.json:
      plain Python OrderedDict oracle doing the same work (median and spread over steps). With
      --device cuda the Triton kernel (`backend="triton"`) is timed too; on CPU it runs only
      under TRITON_INTERPRET=1, which is not a timing (see `python -m bench kernels`);
-  2. misses per request per layer on the first decode step and in steady state, with and
-     without LRU warmup, on a synthetic locality trace (each step keeps `--repeat` of the
-     previous step's top-k).
+  2. misses per request per layer on the first decode step and in steady state on a synthetic
+     locality trace (each step keeps `--repeat` of the previous step's top-k): without LRU
+     warmup, with the W-step replay (the earlier warmup) and with today's closed form, and
+     each warmup's time (one call: a single timing, not a distribution).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from bench.workload_args import add_workload_args, apply_threads
 from sgl_ess.core.lru_oracle import LruOracle
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
+from sgl_ess.store.warm_state import set_warm_state
 
 
 def trace(g, batch, k, context, steps, repeat):
@@ -140,21 +142,31 @@ def time_resolver(args, g):
     return ms
 
 
-def warmup_misses(args, g, warm: bool):
-    """Misses per request per layer: first decode step and mean of later steps."""
+WARM_MODES = ("none", "replay", "closed_form")
+
+
+def warmup_misses(args, g, mode: str):
+    """Misses per request per layer (first decode step, mean of later steps) and the warmup's
+    time in ms. mode: none; replay = W resolver steps over the prefill's sets (the warmup
+    before warm_state.py); closed_form = `set_warm_state`, today's warmup (the LRU state of the
+    same W sets read as one stream)."""
     w = args.warmup_window
     tr = trace(g, args.batch, args.k, args.context, w + args.miss_steps, args.repeat)
     buf = DeviceHotBuffer(1, args.batch, args.slots, "cpu", max_context_tokens=args.context)
     rows = torch.arange(args.batch)
     lens = torch.full((args.batch,), args.context)
-    if warm:  # the prefill's last W query positions' top-k (the trace before decode starts)
+    t0 = time.perf_counter()
+    if mode == "replay":   # the prefill's last W query positions' top-k (the trace before decode starts)
         for s in range(w):
             assign(buf, 0, rows, lens, tr[s])
+    elif mode == "closed_form":
+        set_warm_state(buf, 0, rows, lens, tr[:w].transpose(0, 1))
+    warm_ms = (time.perf_counter() - t0) * 1e3
     per_step = []
     for s in range(w, tr.shape[0]):
         a = assign(buf, 0, rows, lens, tr[s])
         per_step.append(float(a.miss.sum()) / args.batch)
-    return per_step[0], statistics.mean(per_step[len(per_step) // 2:])
+    return per_step[0], statistics.mean(per_step[len(per_step) // 2:]), warm_ms
 
 
 def _stats(xs):
@@ -191,12 +203,14 @@ def main(argv=None) -> int:
     ratio_sort = st["sort_baseline"]["median"] / st["torch"]["median"]
     ratio_oracle = st["oracle"]["median"] / st["torch"]["median"]
     print(f"sort baseline / order list = {ratio_sort:.2f}x; oracle / order list = {ratio_oracle:.1f}x", flush=True)
-    cold = warmup_misses(args, torch.Generator().manual_seed(1), warm=False)
-    hot = warmup_misses(args, torch.Generator().manual_seed(1), warm=True)
-    print(f"misses per request per layer (k={args.k}, repeat {args.repeat}):")
-    print(f"  {'':16}{'first step':>12}{'steady state':>14}")
-    print(f"  {'no warmup':16}{cold[0]:12.1f}{cold[1]:14.1f}")
-    print(f"  {'warmup W=' + str(args.warmup_window):16}{hot[0]:12.1f}{hot[1]:14.1f}")
+    warm = {m: warmup_misses(args, torch.Generator().manual_seed(1), m) for m in WARM_MODES}
+    print(f"misses per request per layer (k={args.k}, repeat {args.repeat}) and warmup time per layer "
+          f"(batch {args.batch}, W={args.warmup_window}):")
+    print(f"  {'':22}{'first step':>12}{'steady state':>14}{'warmup ms':>11}")
+    for m, label in (("none", "no warmup"), ("replay", "replay W steps"), ("closed_form", "closed form (today)")):
+        print(f"  {label:22}{warm[m][0]:12.1f}{warm[m][1]:14.1f}{warm[m][2]:11.1f}")
+    print(f"  warmup time replay / closed form = {warm['replay'][2] / warm['closed_form'][2]:.1f}x "
+          "(one call each: a single timing)")
     path = write_result("store", {
         "config": vars(args), "torch_threads": torch.get_num_threads(),
         "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
@@ -204,8 +218,8 @@ def main(argv=None) -> int:
             "order_list_torch": st["torch"], "order_list_triton": st.get("triton", "not timed on CPU (interpreter only)"),
             "sort_baseline_torch": st["sort_baseline"], "oracle": st["oracle"],
             "ratio_sort_baseline_over_order_list": ratio_sort, "ratio_oracle_over_order_list": ratio_oracle},
-        "misses_per_request_layer": {"no_warmup": {"first_step": cold[0], "steady": cold[1]},
-                                     "warmup": {"first_step": hot[0], "steady": hot[1]}},
+        "misses_per_request_layer": {m: {"first_step": warm[m][0], "steady": warm[m][1]} for m in WARM_MODES},
+        "warmup_ms_per_layer": {m: warm[m][2] for m in WARM_MODES if m != "none"},
     })
     print(f"wrote {path}")
     return 0

@@ -39,6 +39,7 @@ from sgl_ess.prefetch.predictors import make_predictor
 from sgl_ess.store.speculative import SpeculativeStager
 from sgl_ess.store.step_plan import StepPlan, miss_destinations, read_locations
 from sgl_ess.store.validate import check_rows, check_topk
+from sgl_ess.store.warm_state import set_warm_state
 
 logger = logging.getLogger(__name__)
 
@@ -176,10 +177,11 @@ class LatentStore:
     # --- decode path -------------------------------------------------------------------
     def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,
                req_to_host: torch.Tensor) -> int:
-        """LRU warmup before the first decode step (ESS.md §3): touch the top-k sets of the
-        prefill's last W query positions, oldest first, exactly as decode steps would, then
-        fetch the resulting resident rows in one background move (the layer's first plan waits
-        for it). A request whose context fits in N loads its whole context (fast path).
+        """LRU warmup before the first decode step (ESS.md §3): the state an exact LRU ends in after
+        the top-k sets of the prefill's last W query positions, oldest first (set in closed form,
+        warm_state.py), then the resident rows fetched in one background move (the layer's first
+        plan waits for it). A request whose context fits in N loads its whole context (fast path).
+        Replaces the requests' LRU state (call it after `open`).
 
         reqs int64 [b], seq_lens int64 [b], topk_ids int [b, W, k] (-1 padded).
         Returns the number of rows fetched (host sync: once per request, not per step)."""
@@ -192,17 +194,11 @@ class LatentStore:
                              f"{list(topk_ids.shape)}")
         n = self.cfg.hot_slots_per_request
         ids = topk_ids.to(self.device, torch.int64)
-        check_topk(ids.reshape(ids.shape[0], -1) if ids.shape[0] else ids[:, 0], seq_lens,
-                   "warmup topk_ids")            # all W sets at once: one host sync
-        live_steps = (ids >= 0).flatten(2).any(dim=2).any(dim=0).tolist() if ids.numel() else []
-        for w, live in enumerate(live_steps):
-            if live:                               # a step of padding only touches nothing
-                assign(self.hot, layer, reqs, seq_lens, ids[:, w])
-        s2t = self.hot.slot_to_token[layer].index_select(0, reqs)
+        if reqs.numel() == 0:
+            return 0
+        check_topk(ids.reshape(ids.shape[0], -1), seq_lens, "warmup topk_ids")   # one host sync
+        s2t = set_warm_state(self.hot, layer, reqs, seq_lens, ids)
         ar = torch.arange(n, device=self.device).expand_as(s2t)
-        whole = (seq_lens <= n).unsqueeze(1) & (ar < seq_lens.unsqueeze(1))
-        s2t = torch.where(whole, ar, s2t)          # fast path: slot = position, whole context
-        self.hot.slot_to_token[layer].index_copy_(0, reqs, s2t)
         live = s2t >= 0
         src = torch.where(live, req_to_host.to(self.device)[reqs.unsqueeze(1), s2t.clamp(min=0)], -1)
         dst = torch.where(live, self._hot_abs(layer, reqs, ar), -1)

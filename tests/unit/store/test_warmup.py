@@ -1,5 +1,6 @@
-"""LRU warmup equals replaying the prefill's last W top-k sets through the oracle, and it
-removes the cold-start burst of misses on the first decode step."""
+"""LRU warmup leaves the state an exact LRU ends in after the prefill's last W top-k sets, read
+as one access stream (the oracle fed one token per step), and it removes the cold-start burst of
+misses on the first decode step."""
 import torch
 
 from sgl_ess.core.lru_oracle import LruOracle
@@ -26,7 +27,8 @@ def test_warm_state_equals_oracle_replay_and_rows_are_fetched():
     for i, rid in enumerate(ids):
         o = LruOracle(48)
         for t in traces[i]:
-            o.access(t.tolist())
+            for tok in t.tolist():
+                o.access([tok])
         row = table.index(rid)
         s2t = store.hot.slot_to_token[0, row]
         assert set(s2t[s2t >= 0].tolist()) == o.resident()
@@ -67,3 +69,49 @@ def test_fast_path_request_loads_whole_context_and_never_misses():
         slots = store.resolve(0, table.indices(ids), table.seq_lens(ids), topk, table.req_to_host)
         assert torch.equal(slots.long(), topk.long() + table.indices(ids).unsqueeze(1) * 64)
     assert sum(store.counters.snapshot()["layer_misses"]) == 0
+
+
+def test_decode_after_warmup_follows_the_oracle_for_fast_slow_and_short_rows():
+    """Three rows: context 40 < N (fast: whole context resident, untouched slots oldest, so the
+    oracle first touches 0..39), context 500 with W*k > N (the cut falls inside the window),
+    and context 500 with one set of duplicates and padding (W*k < N). Decode then grows every
+    row past N; each step's misses and the resident sets match the oracle's, and the scratch
+    map is all zero after warmup (the Triton resolver relies on it)."""
+    n, k = 48, 16
+    store, table = make_store(n=n, k=k, layers=1)
+    ctxs = {"fast": 40, "slow": 500, "short": 500}
+    for rid, c in ctxs.items():
+        table.add(rid, c)
+    g = torch.Generator().manual_seed(3)
+    streams = {"fast": torch.randint(40, (6, k), generator=g),
+               "slow": torch.randint(500, (6, k), generator=g),
+               "short": torch.full((6, k), -1)}
+    streams["short"][5, :10] = torch.tensor([7, 9, 7, 300, 9, 11, 499, 0, 7, 12])
+    ids = list(ctxs)
+    store.warmup(0, table.indices(ids), table.seq_lens(ids), torch.stack([streams[r] for r in ids]),
+                 table.req_to_host)
+    assert int(store.hot.token_map.abs().sum()) == 0
+    oracles = {r: LruOracle(n) for r in ids}
+    for tok in range(40):
+        oracles["fast"].access([tok])
+    for r in ids:
+        for tok in streams[r].reshape(-1).tolist():
+            if tok >= 0:
+                oracles[r].access([tok])
+    for r in ids:
+        s2t = store.hot.slot_to_token[0, table.index(r)]
+        assert set(s2t[s2t >= 0].tolist()) == oracles[r].resident()
+    for step in range(30):
+        table.extend(ids)
+        lens = table.seq_lens(ids)
+        topk = torch.stack([torch.cat([torch.tensor([int(lens[i]) - 1]),
+                                       torch.randint(int(lens[i]) - 1, (k - 1,), generator=g)])
+                            for i in range(len(ids))])
+        before = sum(store.counters.snapshot()["layer_misses"])
+        store.resolve(0, table.indices(ids), lens, topk.to(torch.int32), table.req_to_host)
+        got = sum(store.counters.snapshot()["layer_misses"]) - before
+        want = sum(len(oracles[r].access(topk[i].tolist()).misses) for i, r in enumerate(ids))
+        assert got == want, f"step {step}"
+        for r in ids:
+            s2t = store.hot.slot_to_token[0, table.index(r)]
+            assert set(s2t[s2t >= 0].tolist()) == oracles[r].resident(), f"step {step} {r}"

@@ -5,7 +5,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 V=${1:-$ROOT/.venv}
-MARK="$V/.sgl_ess_setup_v2"   # v2: prometheus_client, psutil, the sgl_ess_ops plugin entry point, shim murmur_hash32_cpu
+MARK="$V/.sgl_ess_setup_v3"   # v2: prometheus_client, psutil, the sgl_ess_ops plugin entry point, shim murmur_hash32_cpu; v3: numba
 if [ -f "$MARK" ]; then echo "[setup] $V is ready"; exit 0; fi
 echo "[setup] creating $V (about 3-5 minutes, ~2.5 GB)"
 python3 -m venv "$V"

@@ -34,7 +34,8 @@ class StoreConfig:
     ring_micro_batches:    sub-batches of one layer that may be in flight at once (DBA halves x
                            Two-Batch-Overlap micro-batches); each gets its own ring group
     spec_slots:            rows per layer parity for speculative prefetch (0 = the tier is off)
-    resolver_backend:      "auto" (Triton kernel on CUDA, torch elsewhere) | "torch" | "triton"
+    resolver_backend:      "auto" (Triton kernel on CUDA; on the CPU the numba kernel when numba
+                           imports, else torch) | "torch" | "triton" | "numba"
     """
 
     num_layers: int
@@ -68,8 +69,8 @@ class StoreConfig:
             raise StoreConfigError(
                 f"ring_slots={self.ring_slots}, ring_micro_batches={self.ring_micro_batches}: expected "
                 "ring_slots >= 0 (0 = derive) and ring_micro_batches >= 1; set --ess-ring-slots")
-        if self.resolver_backend not in ("auto", "torch", "triton"):
-            raise StoreConfigError(f"resolver_backend={self.resolver_backend!r}: expected auto, torch or triton")
+        if self.resolver_backend not in ("auto", "torch", "triton", "numba"):
+            raise StoreConfigError(f"resolver_backend={self.resolver_backend!r}: expected auto, torch, triton or numba")
         if self.hot_slots_per_request < self.topk + 1:
             raise StoreConfigError(
                 f"hot_slots_per_request={self.hot_slots_per_request} is smaller than topk+1="

@@ -26,6 +26,7 @@ import logging
 import torch
 
 from sgl_ess.kernels.flashtrans import copy_rows
+from sgl_ess.kernels.resolver_numba import available as numba_available, compile_numba
 from sgl_ess.obs.counters import StoreCounters
 from sgl_ess.prefetch.engine import FetchEngine, InlineEngine, Ticket
 from sgl_ess.prefetch.memory import StoreMemory
@@ -76,9 +77,12 @@ class LatentStore:
                                    max_context_tokens=cfg.max_context_tokens)
         self.counters = StoreCounters(cfg.num_layers, cfg.max_requests, cfg.row_bytes, dev)
         self.transfer_backend = transfer_backend
-        # kernels: the Triton resolver (graph-safe, no host sync) where Triton runs, else torch
+        # kernels: the Triton resolver (graph-safe, no host sync) on CUDA; on the CPU the numba
+        # resolver (one compiled call) when numba imports, else the torch path
         self.resolver_backend = cfg.resolver_backend if cfg.resolver_backend != "auto" else (
-            "triton" if dev.type == "cuda" else "torch")
+            "triton" if dev.type == "cuda" else "numba" if numba_available() else "torch")
+        if self.resolver_backend == "numba":
+            compile_numba()              # at start, not inside the first request
         self.memory = StoreMemory(host=self.host.rows, slots=self.slots.rows, ring_tags=self.slots.ring_tags,
                                   ring_base=self.slots.ring_base, host_segment=self.host.segment,
                                   slot_segment=self.slots.segment)
@@ -318,7 +322,7 @@ class LatentStore:
         positions = positions.to(self.device, torch.int64)
         if validate:
             self._check_batch(reqs)
-        a = assign(self.hot, layer, reqs, positions + 1, positions.unsqueeze(1))
+        a = assign(self.hot, layer, reqs, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
         return self._hot_abs(layer, reqs, a.slots)[:, 0]
 
     def admit(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,

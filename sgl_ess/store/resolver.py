@@ -13,6 +13,8 @@ implementations that leave identical state in `DeviceHotBuffer`, so calls may mi
   backend="triton"  one Triton launch (`sgl_ess.kernels.resolver_triton`), O(k + N) per request,
                     no host sync, no allocation but its output: CUDA-graph capturable. Needs
                     the buffer built with `max_context_tokens` (its scratch map).
+  backend="numba"   the same steps as one compiled CPU loop (`sgl_ess.kernels.resolver_numba`):
+                    the CPU default when numba imports (one call instead of ~90 torch ops).
 Requires k <= N (StoreConfig enforces N >= k + 1). Requests whose context fits in N
 (`seq_lens <= N`) use slot = token position: never evicting.
 """
@@ -25,7 +27,7 @@ import torch
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.lru_list import assign_list_torch
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "numba")
 
 
 @dataclass
@@ -63,6 +65,12 @@ def assign(buf: DeviceHotBuffer, layer: int, reqs: torch.Tensor, seq_lens: torch
     if backend == "torch":
         slots, miss, hit = assign_list_torch(buf, layer, reqs, seq_lens, tokens.to(torch.int64),
                                              num_real_reqs)
+        return Assignment(slots=slots, miss=miss, hit=hit)
+    if backend == "numba":
+        from sgl_ess.kernels.resolver_numba import resolve_numba
+        tmap = buf.token_map_for(seq_lens)
+        slots, miss, hit = resolve_numba(buf.slot_to_token_ext[layer], buf.lru_order_ext[layer], tmap,
+                                         reqs, seq_lens, tokens, num_real_reqs)
         return Assignment(slots=slots, miss=miss, hit=hit)
     if buf.max_context_tokens is None:
         raise ValueError("resolver backend 'triton' needs the hot buffer's token map: build "

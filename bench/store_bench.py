@@ -4,7 +4,8 @@
 
 Prints and writes bench/results/store.json:
   1. resolver time per layer per step, interleaved on the same trace: the order-list algorithm's
-     torch implementation (`assign(..., backend="torch")`, today's resolver), the previous
+     torch implementation (`assign(..., backend="torch")`), its numba CPU kernel (backend="numba",
+     the CPU default when numba is installed; checked to give the same slots), the previous
      sort-based torch resolver (two [b, N] sorts per call; kept here as the baseline), and the
      plain Python OrderedDict oracle doing the same work (median and spread over steps). With
      --device cuda the Triton kernel (`backend="triton"`) is timed too; on CPU it runs only
@@ -26,6 +27,7 @@ import torch
 from bench.meta import write_result
 from bench.workload_args import add_workload_args, apply_threads
 from sgl_ess.core.lru_oracle import LruOracle
+from sgl_ess.kernels.resolver_numba import available as numba_available
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
 from sgl_ess.store.warm_state import set_warm_state
@@ -112,7 +114,7 @@ def time_resolver(args, g):
     dev = args.device
     reqs = torch.arange(args.batch, device=dev)
     lens = torch.full((args.batch,), args.context, device=dev)
-    backends = ["torch", "triton"] if dev.startswith("cuda") else ["torch"]
+    backends = ["torch", "triton"] if dev.startswith("cuda") else ["torch"] + (["numba"] if numba_available() else [])
     bufs = {be: DeviceHotBuffer(1, args.batch, args.slots, dev, max_context_tokens=args.context)
             for be in backends}
     base = {"s2t": torch.full((args.batch, args.slots), -1, dtype=torch.int64, device=dev),
@@ -130,6 +132,9 @@ def time_resolver(args, g):
                 ms[name].append(dt)
         if not torch.equal(out["sort_baseline"][1].sum(1), out["torch"].miss.sum(1)):
             raise AssertionError(f"step {s}: sort baseline and order list disagree on misses")
+        for be in backends[1:]:
+            if not torch.equal(out[be].slots.cpu(), out["torch"].slots.cpu()):
+                raise AssertionError(f"step {s}: {be} and torch resolvers disagree")
     oracles = [LruOracle(args.slots) for _ in range(args.batch)]
     lists = tr.tolist()
     ms["oracle"] = []
@@ -191,6 +196,7 @@ def main(argv=None) -> int:
     st = {name: _stats(xs) for name, xs in ms.items()}
     for name, label in (("torch", "order list, torch (assign backend='torch')"),
                         ("triton", "order list, Triton kernel (backend='triton')"),
+                        ("numba", "order list, numba CPU kernel (backend='numba')"),
                         ("sort_baseline", "previous sort-based torch resolver"),
                         ("oracle", "Python OrderedDict oracle")):
         if name in st:
@@ -203,6 +209,9 @@ def main(argv=None) -> int:
     ratio_sort = st["sort_baseline"]["median"] / st["torch"]["median"]
     ratio_oracle = st["oracle"]["median"] / st["torch"]["median"]
     print(f"sort baseline / order list = {ratio_sort:.2f}x; oracle / order list = {ratio_oracle:.1f}x", flush=True)
+    if "numba" in st:
+        print(f"torch / numba (both the order list, same state) = {st['torch']['median'] / st['numba']['median']:.1f}x",
+              flush=True)
     warm = {m: warmup_misses(args, torch.Generator().manual_seed(1), m) for m in WARM_MODES}
     print(f"misses per request per layer (k={args.k}, repeat {args.repeat}) and warmup time per layer "
           f"(batch {args.batch}, W={args.warmup_window}):")
@@ -216,6 +225,7 @@ def main(argv=None) -> int:
         "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
         "resolver_ms_per_layer_step": {
             "order_list_torch": st["torch"], "order_list_triton": st.get("triton", "not timed on CPU (interpreter only)"),
+            "order_list_numba": st.get("numba", "not timed (CUDA run, or numba not installed)"),
             "sort_baseline_torch": st["sort_baseline"], "oracle": st["oracle"],
             "ratio_sort_baseline_over_order_list": ratio_sort, "ratio_oracle_over_order_list": ratio_oracle},
         "misses_per_request_layer": {m: {"first_step": warm[m][0], "steady": warm[m][1]} for m in WARM_MODES},

@@ -51,8 +51,8 @@ WORKER_MIN_CPUS = 4
 def auto_cpu_engine() -> str:
     """The prefetch worker pays off when it has a core of its own: the scheduler's torch already
     uses two threads, and a worker sharing those cores only adds a round trip per plan (on 2 cores,
-    bench/results/serving_20261129T152635Z.json: pooled over 6 interleaved runs each, the worker
-    served 0.91x the tokens/s of inline)."""
+    bench/results/serving_20261129T180418Z.json: pooled over 10 interleaved runs each, the worker
+    served 0.95x the tokens/s of inline)."""
     import os
 
     return "worker" if (os.cpu_count() or 1) >= WORKER_MIN_CPUS else "inline"

@@ -7,9 +7,9 @@ per-request `collections.OrderedDict` LRU of `sgl_ess.core.lru_oracle.LruOracle`
 against the start-of-step state, then misses inserted): same hits, misses, resident set and
 recency order.
 
-One algorithm (an explicit LRU order list per (layer, request), see `lru_list.py`), two
+One algorithm (an explicit LRU order list per (layer, request), see `lru_list.py`), three
 implementations that leave identical state in `DeviceHotBuffer`, so calls may mix them:
-  backend="torch"   whole-batch torch ops (CPU path, and the reference for the kernel);
+  backend="torch"   whole-batch torch ops (the reference for both kernels; runs anywhere);
   backend="triton"  one Triton launch (`sgl_ess.kernels.resolver_triton`), O(k + N) per request,
                     no host sync, no allocation but its output: CUDA-graph capturable. Needs
                     the buffer built with `max_context_tokens` (its scratch map).

@@ -27,3 +27,13 @@ def test_numba_grows_the_token_map_without_max_context():
                torch.tensor([[99, 5, 99], [2999, 0, -1]]), backend="numba")
     assert buf.token_map.shape[1] >= 3000 and int(buf.token_map.abs().sum()) == 0
     assert a.miss.sum().item() == 4 and a.hit.sum().item() == 0
+
+
+def test_numba_backend_is_the_cpu_default_and_refused_off_the_cpu():
+    from sgl_ess.store import LatentStore, StoreConfig
+
+    kw = dict(num_layers=1, row_bytes=16, host_capacity_tokens=256, hot_slots_per_request=8, max_requests=2,
+              topk=4, max_context_tokens=256)
+    assert LatentStore(StoreConfig(**kw), transfer_backend="torch").resolver_backend == "numba"
+    with pytest.raises(ValueError, match="numba"):
+        LatentStore(StoreConfig(**kw, device="meta", resolver_backend="numba"), transfer_backend="torch")

@@ -82,9 +82,10 @@ class LatentStore:
         self.resolver_backend = cfg.resolver_backend if cfg.resolver_backend != "auto" else (
             "triton" if dev.type == "cuda" else "numba" if numba_available() else "torch")
         if self.resolver_backend == "numba":
-            if dev.type != "cpu" or not numba_available():
+            have = numba_available()
+            if dev.type != "cpu" or not have:
                 raise ValueError(f"resolver_backend='numba' runs on the CPU with numba installed (device {dev}, "
-                                 f"numba {'found' if numba_available() else 'missing'}): pip install numba==0.65.1, "
+                                 f"numba {'found' if have else 'missing'}): pip install numba==0.65.1, "
                                  "or use resolver_backend='auto'")
             compile_numba()              # at start, not inside the first request
         self.memory = StoreMemory(host=self.host.rows, slots=self.slots.rows, ring_tags=self.slots.ring_tags,

@@ -44,7 +44,6 @@ def test_warm_state_equals_oracle_replay_and_rows_are_fetched():
 
 
 def test_warmup_cuts_first_step_misses():
-    g = torch.Generator().manual_seed(1)
     misses = {}
     for warm_on in (False, True):
         store, table, ids = _setup(reqs=2)

@@ -8,7 +8,10 @@ over M from memory-bound at small M to compute-bound at large M):
   tokens per local expert as m (balanced routing under EP).
 - attention (sparse MLA over the top-k): t_c at sparse_attention_tflops; fixed by k, not by context.
 - indexer (FP8 MQA logits over every key): t_c at mqa_logits_tflops; grows linearly with context.
-- topk, elementwise: HBM-bound, bytes / (HBM x gemm_mem_eff) (topk reads the logits topk_passes times).
+- topk (k of each row of fp32 logits): max(latency(context), rows x context / rate(context)), both
+  interpolated over SGLang's published H200 fast_topk_v2 figures: one call takes a latency set by the
+  row length while the rows fit on the GPU at once, and runs at an element rate once they do not.
+- elementwise: HBM-bound, bytes / (HBM x gemm_mem_eff).
 - dispatch / combine (DeepEP low latency over RDMA): max(floor, bytes / rate(EP)), rate interpolated
   over the published EP table and scaled by the NIC (rdma_GBps / network_reference_GBps).
 Rates published for H800/H200 SMs (attention, indexer) scale by bf16_tflops / compute_reference on
@@ -43,7 +46,9 @@ class CostModel:
         sm_scale = hw.bf16_flops_per_s / (float(v["compute_reference_bf16_tflops"]) * 1e12)
         self.attention_flops_per_s = float(v["sparse_attention_tflops"]) * 1e12 * sm_scale
         self.mqa_flops_per_s = float(v["mqa_logits_tflops"]) * 1e12 * sm_scale
-        self.topk_passes = float(v["topk_passes"])
+        lat, rate = np.asarray(v["topk_latency_us"], dtype=float), np.asarray(v["topk_elements_per_s"], dtype=float)
+        self._topk_lat = (lat[:, 0], lat[:, 1] / sm_scale)
+        self._topk_rate = (rate[:, 0], rate[:, 1] * 1e9 * sm_scale)
         table = np.asarray(v["deepep_ll_table"], dtype=float)
         nic = hw.rdma_bytes_per_s / (float(v["network_reference_GBps"]) * 1e9)
         self._ep_log = np.log2(table[:, 0])
@@ -60,6 +65,18 @@ class CostModel:
         flops = 2.0 * op.groups * padded * op.n * op.k
         return blend_us(flops / (self.hw.flops_per_s(op.dtype) * self.e_c), op.hbm_bytes / self.hbm, self.p)
 
+    def topk_us(self, rows: float, context: float) -> float:
+        """Top-k of `rows` rows of `context` logits: the call's latency, or the element rate if slower."""
+        if rows <= 0 or context <= 0:
+            return 0.0
+        ctx, lat = self._topk_lat
+        if context <= ctx[-1] or len(ctx) == 1:
+            t_lat = float(np.interp(context, ctx, lat))
+        else:   # longer rows: extend along the last segment
+            t_lat = float(lat[-1] + max(0.0, (lat[-1] - lat[-2]) / (ctx[-1] - ctx[-2])) * (context - ctx[-1]))
+        t_rate = rows * context / float(np.interp(context, *self._topk_rate)) * 1e6
+        return max(t_lat, t_rate)
+
     def comm_rate(self, kind: str, ep: int) -> float:
         rates = self._dispatch if kind == "dispatch" else self._combine
         return float(np.interp(math.log2(max(ep, 1)), self._ep_log, rates))
@@ -72,7 +89,7 @@ class CostModel:
         if op.kind == "indexer":
             return blend_us(op.flops / self.mqa_flops_per_s, op.hbm_bytes / self.hbm, self.p)
         if op.kind == "topk":
-            return op.hbm_bytes * self.topk_passes / self.hbm * 1e6
+            return self.topk_us(op.m, op.x / op.m if op.m > 0 else 0.0)
         if op.kind == "elementwise":
             return op.hbm_bytes / self.hbm * 1e6
         if op.kind in ("dispatch", "combine"):

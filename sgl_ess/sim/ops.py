@@ -81,7 +81,7 @@ def attention_ops(m: ModelSpec, requests: int, q: int, context: int) -> list[OpC
                flops=2.0 * t * ih * idim * context,
                hbm_bytes=requests * context * m.indexer_bytes_per_token_layer + t * context * FP32, kernels=2),
         OpCost("indexer.topk", "indexer", "topk", t * context, "token_keys",
-               hbm_bytes=t * context * FP32 + t * k_sel * FP32),
+               hbm_bytes=t * context * FP32 + t * k_sel * FP32, m=t),       # m: rows (query tokens)
         # pre-attention proper: query up-projection, absorption into the latent space, RoPE, cache write
         gemm("attn.q_b", "pre_attn", t, m.heads * qk_head, m.q_lora_rank),
         gemm("attn.w_uk", "pre_attn", t, m.kv_lora_rank, m.qk_nope_dim, groups=m.heads),

@@ -9,9 +9,9 @@ projections (attn_in: what the indexer reads). Timeline per strategy (ESS.md sec
         fetch(half 1) follows on the link; Attn1 waits for both. Costs DBA_EXTRA_KERNELS more launches.
 - full: per layer, the cheaper of da and dba (the paper's offline per-layer choice).
 The split strategies cost nothing but extra kernel launches (the attention and indexer work is the
-same, only cut in two); step.py prices each launch at kernel_overhead_us. Exposed time adds to the
-micro-batch's compute path; with Two-Batch Overlap, step.py lets the other micro-batch's
-communication slack absorb it.
+same, only cut in two); step.py prices each launch at kernel_overhead_us. Exposed time is a wait on the
+micro-batch's GPU stream (in its first TBO stage for none, its second for DA/DBA: tbo.py); only the
+micro-batch's own compute hides the fetch here, not the other micro-batch's stages (conservative).
 """
 from __future__ import annotations
 

@@ -9,7 +9,11 @@ Every constant the op model uses comes out of this file with its derivation (see
   (H800). The residual per row is recorded in the profile, so the reader sees how well the curve holds.
 - FlashMLA sparse decode: the compute rate that makes the same blend reproduce the published
   410 TFLOPS at its published configuration on H800.
-- The lightning indexer's MQA logits: DeepGEMM's published FP8 rate as its compute ceiling.
+- The lightning indexer's MQA logits: DeepGEMM's published FP8 rate as its compute ceiling (checked
+  against SGLang's published H200 decode timings of the paged kernel: derivation.indexer_check_pct).
+- The indexer's top-k (sgl-kernel fast_topk_v2, k = 2048) from SGLang's published H200 stage profile:
+  a per-call latency that depends on the context alone while the rows fit on the GPU at once (decode,
+  up to 64 rows), and an element rate once they do not (prefill, 8,192 rows per call).
 - DeepEP low-latency dispatch / combine: the published EP-size table (bandwidth at 128 tokens).
 Moving to H200 keeps every efficiency (a fraction of peak) and every SM-bound rate: H200 and H800
 share the GH100 die (132 SMs, same clocks and FP8/BF16 peaks); only HBM (4.8 vs 3.35 TB/s) differs,
@@ -32,7 +36,6 @@ PROFILE_NAME = "h200_published"
 PROFILE_FILE = f"op_profile_{PROFILE_NAME}.json"
 BLEND_EXPONENTS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
 EFF_GRID = np.round(np.arange(0.30, 1.0001, 0.01), 2)
-TOPK_PASSES = 2              # prior: radix top-k reads the logits for a histogram pass and a select pass
 DEEPEP_FLOOR_US = 15.0       # prior: a dispatch or combine of ~0 tokens still pays an RDMA round trip + launch
 WGMMA_M_TILE = 64            # Hopper wgmma.mma_async FP8 instruction shape is m64nNk32 (PTX ISA)
 
@@ -96,6 +99,7 @@ def derive(pub: dict | None = None) -> dict:
     dg, fm, mq, ep = (pub[k]["source"] for k in ("deepgemm_fp8_gemm", "flashmla_sparse_decode",
                                                   "deepgemm_fp8_mqa_logits", "deepep_low_latency"))
     dep = pub["deepep_low_latency"]
+    tk = pub["sglang_h200_indexer_stages"]
 
     def c(value, unit, kind, source):
         return {"value": value, "unit": unit, "kind": kind, "source": source}
@@ -113,8 +117,11 @@ def derive(pub: dict | None = None) -> dict:
                                      f" TFLOPS at {attn_info['tokens']} query tokens under the blend "
                                      f"(HBM share {attn_info['memory_share']}); {fm}"),
         "mqa_logits_tflops": c(mq_tflops(pub), "TFLOP/s", "sourced", mq),
-        "topk_passes": c(TOPK_PASSES, "reads of the logits", "prior",
-                         "assumption: a radix select reads the fp32 logits twice (histogram, then select)"),
+        "topk_latency_us": c(topk_latency(pub), "[context, us per call]", "sourced",
+                             "max over 1-64 rows of 'baseline fast_topk' in the DECODE table (rows barely change "
+                             "it); " + tk["source"]),
+        "topk_elements_per_s": c(topk_rate(pub), "[context, logits per second (x1e9)]", "derived",
+                                 "8,192 rows x context / 'baseline fast_topk' of the PREFILL table; " + tk["source"]),
         "deepep_ll_table": c([[r[0], r[2], r[4]] for r in dep["rows"]], "[ep, dispatch GB/s, combine GB/s]",
                              "sourced", dep["source"] + " Rate = logical bytes / latency at 128 tokens per rank."),
         "deepep_ll_floor_us": c(DEEPEP_FLOOR_US, "us per dispatch or combine", "prior",
@@ -127,6 +134,7 @@ def derive(pub: dict | None = None) -> dict:
                                            pub["h800"]["source"] + "; attention and indexer rates scale by "
                                            "bf16_tflops / this on other GPUs"),
     }
+    checks = indexer_check(constants, pub)
     return {
         "format": FORMAT, "name": PROFILE_NAME, "hardware": "h200",
         "device": "NVIDIA H200 SXM, from kernel figures published for H800 SXM5 (same SMs, clocks and FLOP peaks)",
@@ -134,9 +142,40 @@ def derive(pub: dict | None = None) -> dict:
         "constants": constants,
         "derivation": {"gemm_residual_pct_columns": ["layout", "groups", "m", "n", "k", "residual_pct"],
                        "gemm_residual_pct": g["residual_pct"], "gemm_fit_rms_pct": g["rms_pct"],
-                       "gemm_fit_max_abs_pct": g["max_abs_pct"]},
+                       "gemm_fit_max_abs_pct": g["max_abs_pct"],
+                       "indexer_check_columns": ["rows", "context", "published_us", "model_us", "error_pct"],
+                       "indexer_check_pct": checks},
         "tables": {},
     }
+
+
+def indexer_check(constants: dict, pub: dict) -> list[list[float]]:
+    """The profile's indexer logits against SGLang's H200 decode timings (next_n = 1); not used to fit."""
+    from .config import ModelSpec
+    from .costs import CostModel
+    from .hardware import get_hardware
+    from .ops import attention_ops
+    cm, m = CostModel(constants, get_hardware("h200")), ModelSpec.load("deepseek_v32_exp")
+    out = []
+    for rows, ctx, logits_ms, _ in pub["sglang_h200_indexer_stages"]["decode_rows"]:
+        op = next(o for o in attention_ops(m, rows, 1, ctx) if o.name == "indexer.score")
+        us = cm.time_us(op, 1)
+        out.append([rows, ctx, round(logits_ms * 1e3, 1), round(us, 1), round(100 * (us / (logits_ms * 1e3) - 1), 1)])
+    return out
+
+
+def topk_latency(pub: dict) -> list[list[float]]:
+    """Per context: the slowest of the decode calls (1 to 64 rows) in us."""
+    rows = pub["sglang_h200_indexer_stages"]["decode_rows"]
+    ctxs = sorted({r[1] for r in rows})
+    return [[c, round(1e3 * max(r[3] for r in rows if r[1] == c), 3)] for c in ctxs]
+
+
+def topk_rate(pub: dict) -> list[list[float]]:
+    """Per context: logits per second (in 1e9) when many rows share the GPU (the prefill calls)."""
+    tk = pub["sglang_h200_indexer_stages"]
+    n = tk["prefill_rows_per_call"]
+    return [[c, round(n * c / (ms * 1e-3) / 1e9, 1)] for c, ms in tk["prefill_rows"]]
 
 
 def mq_tflops(pub: dict) -> float:

@@ -3,9 +3,10 @@
 One step on one GPU (DP attention), as SGLang runs MTP (EAGLE-style, topk 1): the main model verifies
 `mtp` tokens per request through all layers and the LM head; then the MTP layer runs once over the
 `mtp` tokens (draft extend, producing the first draft) and `mtp - 2` more times with one token (the
-remaining drafts), each followed by the LM head on one token per request. With Two-Batch Overlap each
-layer runs two micro-batches and pays max(compute_0 + compute_1, comm_0 + comm_1): DeepEP's
-low-latency all-to-all runs on RDMA without SMs, behind the other micro-batch's compute.
+remaining drafts), each followed by the LM head on one token per request. With Two-Batch Overlap the
+MoE layers run two micro-batches under SGLang's five-stage decode schedule (tbo.py: each DeepEP
+all-to-all hides behind the other micro-batch's stages, the rest waits); the dense layers and the MTP
+layer run the whole batch with blocking all-to-alls, as SGLang does.
 Every kernel launch costs kernel_overhead_us on top of its roofline time (the one constant fitted, on
 the first Table 2 row). Throughput per node = gpus_per_node x batch x accepted tokens per step / step.
 """
@@ -23,6 +24,7 @@ from .memory import MemoryReport, check_fits, memory_report
 from .ops import attention_ops, embed_op, ffn_ops, head_ops, mtp_input_ops, resolve_op
 from .overlap import LayerPhaseTimes, overlap
 from .profile import OpProfile, OpTimer
+from .tbo import STAGES, LayerStages, serial_us, stage_of, tbo_us
 from .transfer import d2h_bytes_per_s, h2d_bytes_per_s, transfer_us
 
 COMPUTE_PHASES = ("attn_in", "indexer", "pre_attn", "attention", "post_attn", "ffn")
@@ -101,50 +103,63 @@ class _Stepper:
         self.bd[key] += t
         return t
 
-    def layer_us(self, mbs: list[int], q: int, dense: bool, misses: float, key: str | None = None,
-                 extra_ops=None) -> float:
-        """One layer over all micro-batches; `misses` per request; `key` books it as a whole (MTP)."""
+    def layer_stages(self, b: int, q: int, dense: bool, misses: float, extra_ops=None) -> LayerStages:
+        """One layer of one micro-batch of `b` requests: its TBO stages; books phases and launches."""
         d, w, e, m = self.cfg.deploy, self.cfg.work, self.cfg.ess, self.m
-        computes, comms = [], []
-        local = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-        for b in mbs:
-            ops = (list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens) + ffn_ops(m, b * q, dense, d.ep)
-            if e.offload:
-                ops.append(resolve_op(m, b * q))
-            phase = dict.fromkeys(COMPUTE_PHASES + ("comm",), 0.0)
-            launches = dict.fromkeys(COMPUTE_PHASES, 0)
-            for op in ops:
-                phase[op.phase] += self.timer.time_us(op)
-                if op.phase != "comm":
-                    launches[op.phase] += op.kernels
-            n_launch = sum(launches.values())
-            ess_cost = 0.0
-            if e.offload:
-                fetch = transfer_us(b * misses, m.latent_bytes_per_token_layer, self.h2d)
-                wb = transfer_us(b * q, m.latent_bytes_per_token_layer, self.d2h)
-                on_path = {k: phase[k] + launches[k] * self.kernel_us for k in COMPUTE_PHASES}
-                union = min(m.topk_tokens * q, w.context_tokens)
-                res = overlap(e.overlap, LayerPhaseTimes(on_path["indexer"], on_path["pre_attn"],
-                                                         on_path["attention"], on_path["post_attn"], fetch, wb,
-                                                         min(1.0, misses / union), on_path["attn_in"]),
-                              self.kernel_us)
-                self.fetch_total_us += fetch + wb
-                self.strategies[res.strategy] = self.strategies.get(res.strategy, 0) + 1
-                n_launch += ESS_LAUNCHES + res.extra_kernels
-                ess_cost = res.exposed_us
-                local["ess_exposed"] += res.exposed_us
-            for k in COMPUTE_PHASES:
-                local[k] += phase[k]
-            local["kernel_overhead"] += n_launch * self.kernel_us
-            self.kernels += n_launch
-            computes.append(sum(phase[k] for k in COMPUTE_PHASES) + n_launch * self.kernel_us + ess_cost)
-            comms.append(phase["comm"])
-        total = max(sum(computes), sum(comms)) if len(mbs) > 1 else computes[0] + comms[0]
-        local["comm_exposed"] = total - sum(computes)
-        if key is None:
-            for k, v in local.items():
-                self.bd[k] += v
+        ops = (list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens) + ffn_ops(m, b * q, dense, d.ep)
+        if e.offload:
+            ops.append(resolve_op(m, b * q))
+        stages = [0.0] * STAGES
+        phase = dict.fromkeys(COMPUTE_PHASES, 0.0)
+        launches = dict.fromkeys(COMPUTE_PHASES, 0)
+        comm = {"dispatch": 0.0, "combine": 0.0}
+        for op in ops:
+            t = self.timer.time_us(op)
+            if op.phase == "comm":
+                comm[op.kind] += t
+                continue
+            phase[op.phase] += t
+            launches[op.phase] += op.kernels
+            stages[stage_of(op.name, op.phase)] += t + op.kernels * self.kernel_us
+        n_launch = sum(launches.values())
+        if e.offload:
+            fetch = transfer_us(b * misses, m.latent_bytes_per_token_layer, self.h2d)
+            wb = transfer_us(b * q, m.latent_bytes_per_token_layer, self.d2h)
+            on_path = {k: phase[k] + launches[k] * self.kernel_us for k in COMPUTE_PHASES}
+            union = min(m.topk_tokens * q, w.context_tokens)
+            res = overlap(e.overlap, LayerPhaseTimes(on_path["indexer"], on_path["pre_attn"], on_path["attention"],
+                                                     on_path["post_attn"], fetch, wb, min(1.0, misses / union),
+                                                     on_path["attn_in"]), self.kernel_us)
+            self.fetch_total_us += fetch + wb
+            self.strategies[res.strategy] = self.strategies.get(res.strategy, 0) + 1
+            ess_launch = ESS_LAUNCHES + res.extra_kernels
+            n_launch += ess_launch
+            # the wait for the fetch sits before pre-attention (none) or before Attn1 (da, dba)
+            stages[0 if res.strategy == "none" else 1] += res.exposed_us + ess_launch * self.kernel_us
+            self.bd["ess_exposed"] += res.exposed_us
+        for k in COMPUTE_PHASES:
+            self.bd[k] += phase[k]
+        self.bd["kernel_overhead"] += n_launch * self.kernel_us
+        self.kernels += n_launch
+        return LayerStages(tuple(stages), comm["dispatch"], comm["combine"])
+
+    def layers_us(self, mbs: list[int], q: int, specs: list[tuple[bool, float]], key: str | None = None,
+                  extra_ops=None) -> float:
+        """Layers given as (dense, misses per request): two micro-batches under TBO, else the whole batch
+        with blocking all-to-alls. `key` books the whole time under one entry (the MTP draft)."""
+        before = dict(self.bd)
+        if len(mbs) > 1:
+            a = [self.layer_stages(mbs[0], q, dense, miss, extra_ops) for dense, miss in specs]
+            b = [self.layer_stages(mbs[1], q, dense, miss, extra_ops) for dense, miss in specs]
+            total, compute = tbo_us(a, b), sum(s.compute_total_us for s in a + b)
         else:
+            layers = [self.layer_stages(mbs[0], q, dense, miss, extra_ops) for dense, miss in specs]
+            total, compute = serial_us(layers), sum(s.compute_total_us for s in layers)
+        if key is None:
+            self.bd["comm_exposed"] += total - compute
+        else:
+            for k in self.bd:
+                self.bd[k] = before[k]
             self.bd[key] += total
         return total
 
@@ -175,17 +190,19 @@ def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = Tru
     st = _Stepper(cfg, m, prof.timer(hw, d.ep), kernel_overhead_us)
     misses = misses_per_layer(m.cached_layers, w.context_tokens, m.topk_tokens, e.ratio, w.mtp, e.warmup,
                               w.output_tokens / w.accept_tokens, e.hit_rate)
-    mbs = micro_batches(w.batch, d.tbo)
+    whole, mbs = [w.batch], micro_batches(w.batch, d.tbo)
+    nd = m.num_dense_layers
     step = st.ops_us([embed_op(m, w.batch * w.mtp)], "head")
-    for layer in range(m.num_layers):
-        step += st.layer_us(mbs, w.mtp, layer < m.num_dense_layers, float(misses[layer]))
+    # SGLang runs the dense layers before TBO starts, on the whole batch; TBO covers the MoE layers
+    step += st.layers_us(whole, w.mtp, [(True, float(misses[i])) for i in range(nd)])
+    step += st.layers_us(mbs, w.mtp, [(False, float(misses[i])) for i in range(nd, m.num_layers)])
     step += st.ops_us(head_ops(m, w.batch * w.mtp), "head")
-    if w.mtp > 1:   # draft extend over the mtp tokens, then mtp - 2 one-token draft passes
+    if w.mtp > 1:   # draft extend over the mtp tokens, then mtp - 2 one-token draft passes (no TBO in NextN)
         mtp_misses = float(misses[m.num_layers])
-        step += st.layer_us(mbs, w.mtp, False, mtp_misses, "mtp_draft", lambda b: mtp_input_ops(m, b * w.mtp))
+        step += st.layers_us(whole, w.mtp, [(False, mtp_misses)], "mtp_draft", lambda b: mtp_input_ops(m, b * w.mtp))
         step += st.ops_us(head_ops(m, w.batch), "mtp_draft")
         for _ in range(w.mtp - 2):
-            step += st.layer_us(mbs, 1, False, mtp_misses / w.mtp, "mtp_draft", lambda b: mtp_input_ops(m, b))
+            step += st.layers_us(whole, 1, [(False, mtp_misses / w.mtp)], "mtp_draft", lambda b: mtp_input_ops(m, b))
             step += st.ops_us(head_ops(m, w.batch), "mtp_draft")
     gap = const("step_cpu_gap_us")
     st.bd["cpu_gap"] += gap

@@ -1,0 +1,70 @@
+"""The TBO stage schedule: executor order, hand-computed timelines, and its bounds."""
+import pytest
+
+from sgl_ess.sim.tbo import LayerStages, executor_order, serial_us, stage_of, tbo_us
+
+
+def test_executor_order_matches_sglang_delta_two():
+    # A runs two stages ahead, then A and B alternate, then B finishes its last two stages
+    assert executor_order(5) == [(0, 0), (0, 1), (0, 2), (1, 0), (0, 3), (1, 1), (0, 4), (1, 2), (1, 3), (1, 4)]
+    order = executor_order(15)
+    assert sorted(order) == [(mb, k) for mb in (0, 1) for k in range(15)]
+
+
+def test_stage_of_places_the_ops_of_a_layer():
+    assert stage_of("attn.q_a_kv_a", "attn_in") == 0 and stage_of("indexer.score", "indexer") == 0
+    assert stage_of("ess.resolve", "indexer") == 0 and stage_of("moe.add", "ffn") == 0
+    assert stage_of("attention.sparse", "attention") == 1 and stage_of("attn.o_proj", "post_attn") == 1
+    assert stage_of("moe.router", "ffn") == 1
+    assert stage_of("moe.shared_up", "ffn") == 2 and stage_of("ffn.up", "ffn") == 2
+    assert stage_of("moe.experts_down", "ffn") == 3
+    with pytest.raises(ValueError, match="no TBO stage"):
+        stage_of("moe.dispatch", "comm")
+
+
+def test_without_communication_the_schedule_is_the_sum_of_compute():
+    a = [LayerStages((1.0, 2.0, 3.0, 4.0, 0.0)) for _ in range(3)]
+    b = [LayerStages((0.5, 1.5, 2.5, 3.5, 0.0)) for _ in range(3)]
+    assert tbo_us(a, b) == pytest.approx(3 * 10.0 + 3 * 8.0)
+
+
+def test_one_layer_by_hand():
+    # A: T0=1 T1=2 T2=3 T3=4 T4=0, dispatch 10, combine 1; B the same stages, no communication.
+    a = [LayerStages((1.0, 2.0, 3.0, 4.0, 0.0), dispatch_us=10.0, combine_us=1.0)]
+    b = [LayerStages((1.0, 2.0, 3.0, 4.0, 0.0))]
+    # A0 [0,1] A1 [1,3] A2 [3,6] (dispatch issued at 3, arrives 13) B0 [6,7]
+    # A3 waits for 13: [13,17], combine sent at 17, arrives 18; B1 [17,19]
+    # A4 [19,19] (combine already there); B2 [19,22] B3 [22,26] B4 [26,26]: 6 more than the compute
+    assert tbo_us(a, b) == pytest.approx(26.0)
+    # the same dispatch short enough to hide behind A's T2 and B's T0 costs nothing
+    short = [LayerStages((1.0, 2.0, 3.0, 4.0, 0.0), dispatch_us=4.0, combine_us=1.0)]
+    assert tbo_us(short, b) == pytest.approx(20.0)
+
+
+def test_two_layers_by_hand():
+    # each stage 1, dispatch 3, combine 2, both micro-batches, two layers: the waits carry across layers
+    s = [LayerStages((1.0, 1.0, 1.0, 1.0, 0.0), dispatch_us=3.0, combine_us=2.0)] * 2
+    # A0 [0,1] A1 [1,2] A2 [2,3] (A dispatch 2-5) B0 [3,4] A3 [5,6] (A combine 6-8) B1 [6,7] A4 [8,8]
+    # B2 [8,9] (B dispatch 8-11) A'0 [9,10] B3 [11,12] (B combine 12-14) A'1 [12,13] B4 [14,14]
+    # A'2 [14,15] (A dispatch 14-17) B'0 [15,16] A'3 [17,18] (A combine 18-20) B'1 [18,19] A'4 [20,20]
+    # B'2 [20,21] (B dispatch 20-23) B'3 [23,24] (B combine 24-26) B'4 [26,26]
+    assert tbo_us(s, s) == pytest.approx(26.0)
+
+
+def test_schedule_is_between_the_ideal_overlap_and_no_overlap():
+    a = [LayerStages((30.0, 40.0, 10.0, 20.0, 0.0), dispatch_us=25.0, combine_us=45.0) for _ in range(4)]
+    b = [LayerStages((30.0, 40.0, 10.0, 20.0, 0.0), dispatch_us=25.0, combine_us=45.0) for _ in range(4)]
+    t = tbo_us(a, b)
+    compute = sum(s.compute_total_us for s in a + b)
+    comm = sum(s.dispatch_us + s.combine_us for s in a + b)
+    assert max(compute, comm) <= t < serial_us(a) + serial_us(b)
+    # more communication never makes it faster
+    more = [LayerStages(s.compute_us, s.dispatch_us, s.combine_us * 2) for s in a]
+    assert tbo_us(more, more) >= t
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="5 non-negative"):
+        LayerStages((1.0, 2.0))
+    with pytest.raises(ValueError, match="same"):
+        tbo_us([LayerStages((0.0,) * 5)], [])

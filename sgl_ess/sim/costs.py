@@ -7,7 +7,8 @@ over M from memory-bound at small M to compute-bound at large M):
   gemm_compute_eff), t_m = bytes / (HBM x gemm_mem_eff). MoE experts are a grouped GEMM with the mean
   tokens per local expert as m (balanced routing under EP).
 - attention (sparse MLA over the top-k): t_c at sparse_attention_tflops; fixed by k, not by context.
-- indexer (FP8 MQA logits over every key): t_c at mqa_logits_tflops; grows linearly with context.
+- indexer (FP8 MQA logits over every key): t_c at mqa_logits_tflops, t_m at HBM x indexer_mem_eff, blended
+  with indexer_blend_exp (both from H200 decode timings of the paged kernel); grows linearly with context.
 - topk (k of each row of fp32 logits): max(latency(context), rows x context / rate(context)), both
   interpolated over SGLang's published H200 fast_topk_v2 figures: one call takes a latency set by the
   row length while the rows fit on the GPU at once, and runs at an element rate once they do not.
@@ -46,6 +47,8 @@ class CostModel:
         sm_scale = hw.bf16_flops_per_s / (float(v["compute_reference_bf16_tflops"]) * 1e12)
         self.attention_flops_per_s = float(v["sparse_attention_tflops"]) * 1e12 * sm_scale
         self.mqa_flops_per_s = float(v["mqa_logits_tflops"]) * 1e12 * sm_scale
+        self.indexer_hbm = hw.hbm_bytes_per_s * float(v["indexer_mem_eff"])
+        self.indexer_p = float(v["indexer_blend_exp"])
         lat, rate = np.asarray(v["topk_latency_us"], dtype=float), np.asarray(v["topk_elements_per_s"], dtype=float)
         self._topk_lat = (lat[:, 0], lat[:, 1] / sm_scale)
         self._topk_rate = (rate[:, 0], rate[:, 1] * 1e9 * sm_scale)
@@ -87,7 +90,7 @@ class CostModel:
         if op.kind == "attention":
             return blend_us(op.flops / self.attention_flops_per_s, op.hbm_bytes / self.hbm, self.p)
         if op.kind == "indexer":
-            return blend_us(op.flops / self.mqa_flops_per_s, op.hbm_bytes / self.hbm, self.p)
+            return blend_us(op.flops / self.mqa_flops_per_s, op.hbm_bytes / self.indexer_hbm, self.indexer_p)
         if op.kind == "topk":
             return self.topk_us(op.m, op.x / op.m if op.m > 0 else 0.0)
         if op.kind == "elementwise":

@@ -9,8 +9,11 @@ Every constant the op model uses comes out of this file with its derivation (see
   (H800). The residual per row is recorded in the profile, so the reader sees how well the curve holds.
 - FlashMLA sparse decode: the compute rate that makes the same blend reproduce the published
   410 TFLOPS at its published configuration on H800.
-- The lightning indexer's MQA logits: DeepGEMM's published FP8 rate as its compute ceiling (checked
-  against SGLang's published H200 decode timings of the paged kernel: derivation.indexer_check_pct).
+- The lightning indexer's MQA logits: DeepGEMM's published FP8 rate (prefill kernel) as its compute
+  ceiling; the blend exponent and HBM efficiency of the paged decode kernel by least squares in log time
+  over SGLang's 12 published H200 decode timings, with a per-call latency fitted alongside (and then
+  left to kernel_overhead_us, which prices every launch). Those timings are next_n = 1, where the kernel
+  is HBM-bound, which is why the compute ceiling is held at the published figure.
 - The indexer's top-k (sgl-kernel fast_topk_v2, k = 2048) from SGLang's published H200 stage profile:
   a per-call latency that depends on the context alone while the rows fit on the GPU at once (decode,
   up to 64 rows), and an element rate once they do not (prefill, 8,192 rows per call).
@@ -30,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import load_data
+from .hardware import get_hardware
 
 FORMAT = "sgl_ess.op_profile/1"
 PROFILE_NAME = "h200_published"
@@ -96,6 +100,7 @@ def derive(pub: dict | None = None) -> dict:
     pub = pub or load_data("published_kernels.json")
     g = fit_gemm(pub)
     attn_tflops, attn_info = attention_rate(pub, g["e_m"], g["p"])
+    ix = fit_indexer(pub)
     dg, fm, mq, ep = (pub[k]["source"] for k in ("deepgemm_fp8_gemm", "flashmla_sparse_decode",
                                                   "deepgemm_fp8_mqa_logits", "deepep_low_latency"))
     dep = pub["deepep_low_latency"]
@@ -104,6 +109,10 @@ def derive(pub: dict | None = None) -> dict:
     def c(value, unit, kind, source):
         return {"value": value, "unit": unit, "kind": kind, "source": source}
 
+    ix_note = (f"paged MQA-logits decode kernel: least squares in log time over the {ix['rows']} H200 decode "
+               f"timings with the compute ceiling held at mqa_logits_tflops and a per-call latency "
+               f"({ix['latency_us']} us, left to kernel_overhead_us) fitted alongside; residual rms {ix['rms_pct']}%, "
+               f"worst {ix['max_abs_pct']}% (derivation.indexer_residual_pct); " + tk["source"])
     fit_note = (f"least squares in log time over the {g['rows']} DeepGEMM README rows (H800); "
                 f"residual rms {g['rms_pct']}%, worst {g['max_abs_pct']}% (see derivation.gemm_residual_pct)")
     constants = {
@@ -117,6 +126,8 @@ def derive(pub: dict | None = None) -> dict:
                                      f" TFLOPS at {attn_info['tokens']} query tokens under the blend "
                                      f"(HBM share {attn_info['memory_share']}); {fm}"),
         "mqa_logits_tflops": c(mq_tflops(pub), "TFLOP/s", "sourced", mq),
+        "indexer_mem_eff": c(ix["e_m"], "fraction of peak HBM bandwidth", "derived", ix_note),
+        "indexer_blend_exp": c(ix["p"], "p in (t_c^p + t_m^p)^(1/p)", "derived", ix_note),
         "topk_latency_us": c(topk_latency(pub), "[context, us per call]", "sourced",
                              "max over 1-64 rows of 'baseline fast_topk' in the DECODE table (rows barely change "
                              "it); " + tk["source"]),
@@ -134,7 +145,6 @@ def derive(pub: dict | None = None) -> dict:
                                            pub["h800"]["source"] + "; attention and indexer rates scale by "
                                            "bf16_tflops / this on other GPUs"),
     }
-    checks = indexer_check(constants, pub)
     return {
         "format": FORMAT, "name": PROFILE_NAME, "hardware": "h200",
         "device": "NVIDIA H200 SXM, from kernel figures published for H800 SXM5 (same SMs, clocks and FLOP peaks)",
@@ -143,25 +153,48 @@ def derive(pub: dict | None = None) -> dict:
         "derivation": {"gemm_residual_pct_columns": ["layout", "groups", "m", "n", "k", "residual_pct"],
                        "gemm_residual_pct": g["residual_pct"], "gemm_fit_rms_pct": g["rms_pct"],
                        "gemm_fit_max_abs_pct": g["max_abs_pct"],
-                       "indexer_check_columns": ["rows", "context", "published_us", "model_us", "error_pct"],
-                       "indexer_check_pct": checks},
+                       "indexer_residual_columns": ["rows", "context", "published_us", "model_us", "residual_pct"],
+                       "indexer_residual_pct": ix["residual_pct"], "indexer_fit_rms_pct": ix["rms_pct"],
+                       "indexer_fit_max_abs_pct": ix["max_abs_pct"],
+                       "indexer_fit_latency_us": ix["latency_us"]},
         "tables": {},
     }
 
 
-def indexer_check(constants: dict, pub: dict) -> list[list[float]]:
-    """The profile's indexer logits against SGLang's H200 decode timings (next_n = 1); not used to fit."""
-    from .config import ModelSpec
-    from .costs import CostModel
-    from .hardware import get_hardware
-    from .ops import attention_ops
-    cm, m = CostModel(constants, get_hardware("h200")), ModelSpec.load("deepseek_v32_exp")
-    out = []
-    for rows, ctx, logits_ms, _ in pub["sglang_h200_indexer_stages"]["decode_rows"]:
-        op = next(o for o in attention_ops(m, rows, 1, ctx) if o.name == "indexer.score")
-        us = cm.time_us(op, 1)
-        out.append([rows, ctx, round(logits_ms * 1e3, 1), round(us, 1), round(100 * (us / (logits_ms * 1e3) - 1), 1)])
-    return out
+INDEXER_LATENCY_GRID = np.round(np.arange(0.0, 12.0001, 0.5), 1)    # us per call, fitted and then dropped
+
+
+def _indexer_rows(pub: dict):
+    """The H200 decode timings as (FLOPs, bytes, us): next_n = 1, 64 heads x 128, fp8 keys + fp32 scale."""
+    rows = pub["sglang_h200_indexer_stages"]["decode_rows"]
+    r, ctx, ms = (np.array([x[i] for x in rows], dtype=float) for i in (0, 1, 2))
+    flops = 2.0 * r * ctx * 64 * 128
+    bytes_ = r * ctx * (128 + 4) + r * ctx * 4                  # keys + scales, fp32 logits written
+    return rows, flops, bytes_, ms * 1e3
+
+
+def fit_indexer(pub: dict) -> dict:
+    """Blend exponent, HBM efficiency and a per-call latency for the paged MQA-logits kernel on H200."""
+    rows, flops, bytes_, t_pub = _indexer_rows(pub)
+    tc = flops / (mq_tflops(pub) * 1e12)
+    hbm = get_hardware("h200").hbm_bytes_per_s            # the datasheet's 4.8 TB/s (data/hardware.json)
+    best = None
+    for p in BLEND_EXPONENTS:
+        for e_m in EFF_GRID:
+            core = 1e6 * (tc ** p + (bytes_ / (hbm * e_m)) ** p) ** (1.0 / p)
+            for lat in INDEXER_LATENCY_GRID:
+                err = np.log((lat + core) / t_pub)
+                sse = float(err @ err)
+                if best is None or sse < best[0] - 1e-12:
+                    best = (sse, p, float(e_m), float(lat))
+    _, p, e_m, lat = best
+    model = lat + 1e6 * (tc ** p + (bytes_ / (hbm * e_m)) ** p) ** (1.0 / p)
+    resid = 100 * (model / t_pub - 1)
+    return {"p": p, "e_m": e_m, "latency_us": lat, "rows": len(rows),
+            "residual_pct": [[r[0], r[1], round(1e3 * r[2], 1), round(float(m), 1), round(float(e), 1)]
+                             for r, m, e in zip(rows, model, resid)],
+            "rms_pct": round(float(np.sqrt(np.mean(resid ** 2))), 1),
+            "max_abs_pct": round(float(np.abs(resid).max()), 1)}
 
 
 def topk_latency(pub: dict) -> list[list[float]]:

@@ -111,7 +111,7 @@ def test_constants_table_lists_every_constant(capsys):
 
 def test_profile_command(capsys):
     assert main(["profile", "h200_published"]) == 0
-    assert "12 constants" in capsys.readouterr().out
+    assert "14 constants" in capsys.readouterr().out
 
 
 def test_sensitivity_json(capsys):

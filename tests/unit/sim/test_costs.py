@@ -9,7 +9,7 @@ from sgl_ess.sim.costs import blend_us
 from sgl_ess.sim.hardware import get_hardware
 from sgl_ess.sim.ops import OpCost, attention_ops, ffn_ops, gemm, moe_pairs
 from sgl_ess.sim.profile import OpProfile
-from sgl_ess.sim.profile_build import attention_rate, derive, fit_gemm
+from sgl_ess.sim.profile_build import _indexer_rows, attention_rate, derive, fit_gemm, fit_indexer
 
 M = ModelSpec.load()
 H200 = get_hardware("h200")
@@ -128,6 +128,28 @@ def test_gemm_fit_is_least_squares_on_the_grid():
     best = sse(g["e_c"], g["e_m"])
     for dc, dm in ((0.01, 0), (-0.01, 0), (0, 0.01), (0, -0.01)):
         assert sse(g["e_c"] + dc, g["e_m"] + dm) >= best
+
+
+def test_indexer_fit_is_what_the_cost_model_uses():
+    # the profile's indexer constants, priced by the cost model on each published H200 decode shape
+    # (next_n = 1), plus the per-call latency fitted alongside, give the builder's recorded model times
+    pub = load_data("published_kernels.json")
+    ix = fit_indexer(pub)
+    assert ix["rows"] == len(pub["sglang_h200_indexer_stages"]["decode_rows"]) == 12
+    assert COSTS.indexer_p == ix["p"] and COSTS.indexer_hbm == pytest.approx(4.8e12 * ix["e_m"])
+    for rows, ctx, published_us, model_us, resid in ix["residual_pct"]:
+        op = _op(attention_ops(M, rows, 1, ctx), "indexer.score")
+        assert COSTS.time_us(op, 32) + ix["latency_us"] == pytest.approx(model_us, abs=0.051)
+        # model_us is rounded to 0.1 us and resid to 0.1 %: allow exactly that rounding
+        assert resid == pytest.approx(100 * (model_us / published_us - 1), abs=100 * 0.05 / published_us + 0.05)
+    # least squares on the grid: a neighbouring efficiency fits no better
+    _, flops, bytes_, t_pub = _indexer_rows(pub)
+
+    def sse(e_m):
+        core = 1e6 * ((flops / 1144e12) ** ix["p"] + (bytes_ / (4.8e12 * e_m)) ** ix["p"]) ** (1 / ix["p"])
+        err = np.log((ix["latency_us"] + core) / t_pub)
+        return float(err @ err)
+    assert sse(ix["e_m"]) <= min(sse(ix["e_m"] + 0.01), sse(ix["e_m"] - 0.01))
 
 
 def test_shipped_profile_is_what_the_builder_makes():

@@ -9,9 +9,9 @@ projections (attn_in: what the indexer reads). Timeline per strategy (ESS.md sec
         fetch(half 1) follows on the link; Attn1 waits for both. Costs DBA_EXTRA_KERNELS more launches.
 - full: per layer, the cheaper of da and dba (the paper's offline per-layer choice).
 The split strategies cost nothing but extra kernel launches (the attention and indexer work is the
-same, only cut in two); step.py prices each launch at kernel_overhead_us. Exposed time is a wait on the
-micro-batch's GPU stream (in its first TBO stage for none, its second for DA/DBA: tbo.py); only the
-micro-batch's own compute hides the fetch here, not the other micro-batch's stages (conservative).
+same, only cut in two); step.py prices each launch at kernel_overhead_us. This module accounts one
+micro-batch alone (section 3's case, and the per-layer choice of "full"); in a step, step.py hands the
+fetch to the stage schedule (tbo.py), where the other micro-batch's stages can hide it as well.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class OverlapResult:
         return self.exposed_us + self.extra_kernels * kernel_overhead_us
 
 
-def _writeback_exposed(t: LayerPhaseTimes) -> float:
+def writeback_exposed(t: LayerPhaseTimes) -> float:
     return max(0.0, t.writeback_us - (t.attention_us * t.miss_fraction + t.post_attn_us))
 
 
@@ -53,7 +53,7 @@ def overlap_none(t: LayerPhaseTimes) -> OverlapResult:
 
 def overlap_da(t: LayerPhaseTimes) -> OverlapResult:
     window = t.pre_attn_us + t.attention_us * (1.0 - t.miss_fraction)
-    return OverlapResult("da", max(0.0, t.fetch_us - window) + _writeback_exposed(t), DA_EXTRA_KERNELS)
+    return OverlapResult("da", max(0.0, t.fetch_us - window) + writeback_exposed(t), DA_EXTRA_KERNELS)
 
 
 def overlap_dba(t: LayerPhaseTimes) -> OverlapResult:
@@ -62,7 +62,7 @@ def overlap_dba(t: LayerPhaseTimes) -> OverlapResult:
     fetch0_end = half_idx + half_fetch                   # starts when indexer half 0 ends
     fetch1_end = max(t.indexer_us, fetch0_end) + half_fetch
     attn1_ready = t.indexer_us + t.pre_attn_us + t.attention_us * (1.0 - t.miss_fraction)
-    exposed = max(0.0, fetch1_end - attn1_ready) + _writeback_exposed(t)
+    exposed = max(0.0, fetch1_end - attn1_ready) + writeback_exposed(t)
     return OverlapResult("dba", exposed, DBA_EXTRA_KERNELS)
 
 

@@ -22,9 +22,9 @@ from .hardware import get_hardware
 from .hitrate import misses_per_layer
 from .memory import MemoryReport, check_fits, memory_report
 from .ops import attention_ops, embed_op, ffn_ops, head_ops, mtp_input_ops, resolve_op
-from .overlap import LayerPhaseTimes, overlap
+from .overlap import LayerPhaseTimes, overlap, writeback_exposed
 from .profile import OpProfile, OpTimer
-from .tbo import STAGES, LayerStages, serial_us, stage_of, tbo_us
+from .tbo import STAGES, Fetch, LayerStages, serial, stage_of, tbo
 from .transfer import d2h_bytes_per_s, h2d_bytes_per_s, transfer_us
 
 COMPUTE_PHASES = ("attn_in", "indexer", "pre_attn", "attention", "post_attn", "ffn")
@@ -122,26 +122,38 @@ class _Stepper:
             launches[op.phase] += op.kernels
             stages[stage_of(op.name, op.phase)] += t + op.kernels * self.kernel_us
         n_launch = sum(launches.values())
+        fetch_job = None
         if e.offload:
             fetch = transfer_us(b * misses, m.latent_bytes_per_token_layer, self.h2d)
             wb = transfer_us(b * q, m.latent_bytes_per_token_layer, self.d2h)
             on_path = {k: phase[k] + launches[k] * self.kernel_us for k in COMPUTE_PHASES}
             union = min(m.topk_tokens * q, w.context_tokens)
-            res = overlap(e.overlap, LayerPhaseTimes(on_path["indexer"], on_path["pre_attn"], on_path["attention"],
-                                                     on_path["post_attn"], fetch, wb, min(1.0, misses / union),
-                                                     on_path["attn_in"]), self.kernel_us)
+            t = LayerPhaseTimes(on_path["indexer"], on_path["pre_attn"], on_path["attention"], on_path["post_attn"],
+                                fetch, wb, min(1.0, misses / union), on_path["attn_in"])
+            res = overlap(e.overlap, t, self.kernel_us)     # picks DA or DBA for "full", and the extra launches
             self.fetch_total_us += fetch + wb
             self.strategies[res.strategy] = self.strategies.get(res.strategy, 0) + 1
             ess_launch = ESS_LAUNCHES + res.extra_kernels
             n_launch += ess_launch
-            # the wait for the fetch sits before pre-attention (none) or before Attn1 (da, dba)
-            stages[0 if res.strategy == "none" else 1] += res.exposed_us + ess_launch * self.kernel_us
-            self.bd["ess_exposed"] += res.exposed_us
+            stages[1] += ess_launch * self.kernel_us
+            indexer_end = stages[0] - on_path["pre_attn"]          # T0 = previous output, attn_in, indexer, pre_attn
+            if fetch > 0:
+                if res.strategy == "dba":
+                    half = indexer_end - on_path["indexer"] / 2
+                    fetch_job = Fetch(((half, fetch / 2), (indexer_end, fetch / 2)), 1,
+                                      on_path["attention"] * (1.0 - t.miss_fraction))
+                elif res.strategy == "da":
+                    fetch_job = Fetch(((indexer_end, fetch),), 1, on_path["attention"] * (1.0 - t.miss_fraction))
+                else:
+                    fetch_job = Fetch(((indexer_end, fetch),), 0, indexer_end)
+            wb_exposed = wb if res.strategy == "none" else writeback_exposed(t)
+            stages[0 if res.strategy == "none" else 1] += wb_exposed
+            self.bd["ess_exposed"] += wb_exposed
         for k in COMPUTE_PHASES:
             self.bd[k] += phase[k]
         self.bd["kernel_overhead"] += n_launch * self.kernel_us
         self.kernels += n_launch
-        return LayerStages(tuple(stages), comm["dispatch"], comm["combine"])
+        return LayerStages(tuple(stages), comm["dispatch"], comm["combine"], fetch_job)
 
     def layers_us(self, mbs: list[int], q: int, specs: list[tuple[bool, float]], key: str | None = None,
                   extra_ops=None) -> float:
@@ -151,17 +163,17 @@ class _Stepper:
         if len(mbs) > 1:
             a = [self.layer_stages(mbs[0], q, dense, miss, extra_ops) for dense, miss in specs]
             b = [self.layer_stages(mbs[1], q, dense, miss, extra_ops) for dense, miss in specs]
-            total, compute = tbo_us(a, b), sum(s.compute_total_us for s in a + b)
+            sched = tbo(a, b)
         else:
-            layers = [self.layer_stages(mbs[0], q, dense, miss, extra_ops) for dense, miss in specs]
-            total, compute = serial_us(layers), sum(s.compute_total_us for s in layers)
+            sched = serial([self.layer_stages(mbs[0], q, dense, miss, extra_ops) for dense, miss in specs])
         if key is None:
-            self.bd["comm_exposed"] += total - compute
+            self.bd["comm_exposed"] += sched.comm_wait_us
+            self.bd["ess_exposed"] += sched.fetch_wait_us
         else:
             for k in self.bd:
                 self.bd[k] = before[k]
-            self.bd[key] += total
-        return total
+            self.bd[key] += sched.total_us
+        return sched.total_us
 
 
 def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = True,

@@ -1,7 +1,7 @@
 """The TBO stage schedule: executor order, hand-computed timelines, and its bounds."""
 import pytest
 
-from sgl_ess.sim.tbo import LayerStages, executor_order, serial_us, stage_of, tbo_us
+from sgl_ess.sim.tbo import Fetch, LayerStages, Schedule, executor_order, serial, serial_us, stage_of, tbo, tbo_us
 
 
 def test_executor_order_matches_sglang_delta_two():
@@ -68,3 +68,42 @@ def test_bad_input_is_refused():
         LayerStages((1.0, 2.0))
     with pytest.raises(ValueError, match="same"):
         tbo_us([LayerStages((0.0,) * 5)], [])
+
+
+def test_fetch_without_tbo_hides_behind_its_own_pre_attention_and_attn0():
+    # T0 = 10 (the chunk is sent at 4, after the indexer), T1 = 6 with the wait 2 into it (after Attn0)
+    def layer(fetch_us):
+        return [LayerStages((10.0, 6.0, 0.0, 0.0, 0.0), fetch=Fetch(((4.0, fetch_us),), 1, 2.0))]
+    assert serial(layer(8.0)) == Schedule(16.0, 0.0, 0.0)          # in by 12, needed at 12
+    assert serial(layer(11.0)) == Schedule(19.0, 3.0, 0.0)         # in by 15: 3 us exposed
+
+
+def test_fetch_hides_behind_the_other_micro_batch_under_tbo():
+    # every stage 1 us, except B's first-layer routed experts (T3) of 10 us; A's second layer fetches
+    # 9 us sent at the start of its T0 and awaited at the start of its T1. Between them SGLang runs B's T3:
+    # A0 [0,1] A1 [1,2] A2 [2,3] B0 [3,4] A3 [4,5] B1 [5,6] A4 [6,6] B2 [6,7] A'0 [7,8] (sent at 7, in at 16)
+    # B3 [8,18] A'1 needs it at 18: hidden, and the step is the 25 us of compute. Alone it would wait 8.
+    ones = (1.0,) * 4 + (0.0,)
+
+    def run(fetch_us):
+        a = [LayerStages(ones), LayerStages(ones, fetch=Fetch(((0.0, fetch_us),), 1, 0.0))]
+        b = [LayerStages((1.0, 1.0, 1.0, 10.0, 0.0)), LayerStages(ones)]
+        return tbo(a, b)
+    assert run(9.0) == Schedule(25.0, 0.0, 0.0)
+    assert run(12.0) == Schedule(26.0, 1.0, 0.0)                   # in at 19: the last 1 us waits
+    alone = [LayerStages(ones), LayerStages(ones, fetch=Fetch(((0.0, 9.0),), 1, 0.0))]
+    assert serial(alone).fetch_wait_us == pytest.approx(8.0)       # only its own T0 (1 us) in between
+
+
+def test_fetch_chunks_share_the_link():
+    # DBA: half 0 sent at 0, half 1 at 1 (after the second indexer half); the link carries one at a time
+    s = [LayerStages((2.0, 3.0, 0.0, 0.0, 0.0), fetch=Fetch(((0.0, 5.0), (1.0, 5.0)), 1, 0.0))]
+    assert serial(s) == Schedule(13.0, 8.0, 0.0)                   # in at 10, needed at 2
+    with pytest.raises(ValueError, match="inside T0"):
+        LayerStages((2.0, 3.0, 0.0, 0.0, 0.0), fetch=Fetch(((3.0, 5.0),), 1, 0.0))
+
+
+def test_blocking_communication_is_booked_as_a_wait():
+    s = [LayerStages((1.0, 1.0, 1.0, 1.0, 0.0), dispatch_us=3.0, combine_us=2.0)]
+    assert serial(s) == Schedule(9.0, 0.0, 5.0)
+    assert tbo(s, s).comm_wait_us == pytest.approx(tbo(s, s).total_us - 8.0)

@@ -144,11 +144,3 @@ def tbo(a: list[LayerStages], b: list[LayerStages], delta: int = DELTA_STAGES) -
     if len(a) != len(b):
         raise ValueError(f"tbo: micro-batches with {len(a)} and {len(b)} layers; expected the same")
     return _run((a, b), executor_order(STAGES * len(a), delta), blocking=False)
-
-
-def serial_us(layers: list[LayerStages]) -> float:
-    return serial(layers).total_us
-
-
-def tbo_us(a: list[LayerStages], b: list[LayerStages], delta: int = DELTA_STAGES) -> float:
-    return tbo(a, b, delta).total_us

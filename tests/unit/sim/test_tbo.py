@@ -1,7 +1,7 @@
 """The TBO stage schedule: executor order, hand-computed timelines, and its bounds."""
 import pytest
 
-from sgl_ess.sim.tbo import Fetch, LayerStages, Schedule, executor_order, serial, serial_us, stage_of, tbo, tbo_us
+from sgl_ess.sim.tbo import Fetch, LayerStages, Schedule, executor_order, serial, stage_of, tbo
 
 
 def test_executor_order_matches_sglang_delta_two():
@@ -25,7 +25,7 @@ def test_stage_of_places_the_ops_of_a_layer():
 def test_without_communication_the_schedule_is_the_sum_of_compute():
     a = [LayerStages((1.0, 2.0, 3.0, 4.0, 0.0)) for _ in range(3)]
     b = [LayerStages((0.5, 1.5, 2.5, 3.5, 0.0)) for _ in range(3)]
-    assert tbo_us(a, b) == pytest.approx(3 * 10.0 + 3 * 8.0)
+    assert tbo(a, b).total_us == pytest.approx(3 * 10.0 + 3 * 8.0)
 
 
 def test_one_layer_by_hand():
@@ -35,10 +35,10 @@ def test_one_layer_by_hand():
     # A0 [0,1] A1 [1,3] A2 [3,6] (dispatch issued at 3, arrives 13) B0 [6,7]
     # A3 waits for 13: [13,17], combine sent at 17, arrives 18; B1 [17,19]
     # A4 [19,19] (combine already there); B2 [19,22] B3 [22,26] B4 [26,26]: 6 more than the compute
-    assert tbo_us(a, b) == pytest.approx(26.0)
+    assert tbo(a, b).total_us == pytest.approx(26.0)
     # the same dispatch short enough to hide behind A's T2 and B's T0 costs nothing
     short = [LayerStages((1.0, 2.0, 3.0, 4.0, 0.0), dispatch_us=4.0, combine_us=1.0)]
-    assert tbo_us(short, b) == pytest.approx(20.0)
+    assert tbo(short, b).total_us == pytest.approx(20.0)
 
 
 def test_two_layers_by_hand():
@@ -48,26 +48,26 @@ def test_two_layers_by_hand():
     # B2 [8,9] (B dispatch 8-11) A'0 [9,10] B3 [11,12] (B combine 12-14) A'1 [12,13] B4 [14,14]
     # A'2 [14,15] (A dispatch 14-17) B'0 [15,16] A'3 [17,18] (A combine 18-20) B'1 [18,19] A'4 [20,20]
     # B'2 [20,21] (B dispatch 20-23) B'3 [23,24] (B combine 24-26) B'4 [26,26]
-    assert tbo_us(s, s) == pytest.approx(26.0)
+    assert tbo(s, s).total_us == pytest.approx(26.0)
 
 
 def test_schedule_is_between_the_ideal_overlap_and_no_overlap():
     a = [LayerStages((30.0, 40.0, 10.0, 20.0, 0.0), dispatch_us=25.0, combine_us=45.0) for _ in range(4)]
     b = [LayerStages((30.0, 40.0, 10.0, 20.0, 0.0), dispatch_us=25.0, combine_us=45.0) for _ in range(4)]
-    t = tbo_us(a, b)
+    t = tbo(a, b).total_us
     compute = sum(s.compute_total_us for s in a + b)
     comm = sum(s.dispatch_us + s.combine_us for s in a + b)
-    assert max(compute, comm) <= t < serial_us(a) + serial_us(b)
+    assert max(compute, comm) <= t < serial(a).total_us + serial(b).total_us
     # more communication never makes it faster
     more = [LayerStages(s.compute_us, s.dispatch_us, s.combine_us * 2) for s in a]
-    assert tbo_us(more, more) >= t
+    assert tbo(more, more).total_us >= t
 
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="5 non-negative"):
         LayerStages((1.0, 2.0))
     with pytest.raises(ValueError, match="same"):
-        tbo_us([LayerStages((0.0,) * 5)], [])
+        tbo([LayerStages((0.0,) * 5)], [])
 
 
 def test_fetch_without_tbo_hides_behind_its_own_pre_attention_and_attn0():

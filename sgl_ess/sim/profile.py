@@ -30,8 +30,9 @@ FORMAT = "sgl_ess.op_profile/1"
 DEFAULT_PROFILE = "h200_published"
 SHIPPED = {"h200_published": "op_profile_h200_published.json"}
 CONSTANT_NAMES = ("gemm_compute_eff", "gemm_mem_eff", "roofline_blend_exp", "gemm_m_tile", "sparse_attention_tflops",
-                  "mqa_logits_tflops", "indexer_mem_eff", "indexer_blend_exp", "topk_latency_us", "topk_elements_per_s", "deepep_ll_table", "deepep_ll_floor_us",
-                  "network_reference_GBps", "compute_reference_bf16_tflops")
+                  "mqa_logits_tflops", "indexer_mem_eff", "indexer_blend_exp", "topk_latency_us",
+                  "topk_elements_per_s", "deepep_ll_table", "deepep_ll_floor_us", "network_reference_GBps",
+                  "compute_reference_bf16_tflops")
 X_UNITS = ("tokens", "pairs", "token_keys")
 
 

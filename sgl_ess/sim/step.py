@@ -106,7 +106,8 @@ class _Stepper:
     def layer_stages(self, b: int, q: int, dense: bool, misses: float, extra_ops=None) -> LayerStages:
         """One layer of one micro-batch of `b` requests: its TBO stages; books phases and launches."""
         d, w, e, m = self.cfg.deploy, self.cfg.work, self.cfg.ess, self.m
-        ops = (list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens) + ffn_ops(m, b * q, dense, d.ep)
+        ops = ((list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens)
+               + ffn_ops(m, b * q, dense, d.ep))
         if e.offload:
             ops.append(resolve_op(m, b * q))
         stages = [0.0] * STAGES

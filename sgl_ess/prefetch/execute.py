@@ -14,6 +14,17 @@ from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.prefetch.plan import CopyPlan
 
 
+def clear_staged(mem: StoreMemory, rows: torch.Tensor) -> None:
+    """Zero slot-space `rows` (int64 [m], ring / speculative rows) and untag them (-1)."""
+    rows = rows.to(torch.int64)
+    if rows.numel() == 0:
+        return
+    mem.slots[rows.to(mem.slots.device)] = 0
+    staged = rows[rows >= mem.ring_base] - mem.ring_base
+    if staged.numel():
+        mem.ring_tags.index_fill_(0, staged.to(mem.ring_tags.device), -1)
+
+
 def run_plan(plan: CopyPlan, mem: StoreMemory, backend: str = "auto") -> int:
     """Execute `plan`; returns rows moved (entries with both indices >= 0)."""
     src, dst = plan.src_idx, plan.dst_idx
@@ -26,11 +37,13 @@ def run_plan(plan: CopyPlan, mem: StoreMemory, backend: str = "auto") -> int:
         copy_rows(mem.host[plan.layer], src, mem.slots, dst, backend)
     elif plan.kind == "s2h":
         copy_rows(mem.slots, src, mem.host[plan.layer], dst, backend)
-    elif plan.kind == "s2s":
+    elif plan.kind in ("s2s", "move"):
         copy_rows(mem.slots, src, mem.slots, dst, backend)
+        if plan.kind == "move":
+            clear_staged(mem, src[(src >= 0) & (dst >= 0)])
     else:  # pragma: no cover - CopyPlan validates kind
         raise ValueError(plan.kind)
-    if plan.tag_seq >= 0 and plan.kind in ("h2s", "s2s"):
+    if plan.tag_seq >= 0 and plan.kind in ("h2s", "s2s", "move"):
         ring = dst[dst >= mem.ring_base] - mem.ring_base
         if ring.numel():
             mem.ring_tags.index_fill_(0, ring.to(mem.ring_tags.device), plan.tag_seq)

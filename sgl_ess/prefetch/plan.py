@@ -8,7 +8,10 @@ A plan names rows in three spaces, all owned by the store (sgl_ess.store):
 kinds (src -> dst, index i copies src[src_idx[i]] -> dst[dst_idx[i]]; -1 entries are skipped):
   "h2s"   host layer `layer` -> slot space           (misses, warmup, speculative staging)
   "s2h"   slot space -> host layer `layer`           (write-back of new rows)
-  "s2s"   slot space -> slot space                   (commit: landed ring rows -> their LRU slots)
+  "s2s"   slot space -> slot space
+  "move"  slot space -> slot space, then the source rows are zeroed and their tags set to -1
+          (commit: landed ring / speculative rows -> their LRU slots; staged rows hold user data
+          and must not outlive the step that read them)
   "zero"  zero host rows `dst_idx` in EVERY layer    (released rows hold user data; src_idx unused)
 After the copy, if `tag_seq >= 0`, every ring slot among the destinations gets tag `tag_seq`
 (destinations below `ring_base` are hot slots and carry no tag).
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-KINDS = ("h2s", "s2h", "s2s", "zero")
+KINDS = ("h2s", "s2h", "s2s", "move", "zero")
 TIERS = ("immediate", "background", "speculative")
 
 

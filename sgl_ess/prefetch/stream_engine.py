@@ -92,6 +92,11 @@ class StreamEngine(FetchEngine):
             copy_rows(mem.slots, src, mem.host[plan.layer], dst, self.backend)
         else:
             copy_rows(mem.slots, src, mem.slots, dst, self.backend)
+            if plan.kind == "move":
+                # zero the staged rows just read (static shapes, no host sync). Their tags may stay: on a
+                # device stream nothing re-checks ring tags, and a speculative staging is claimed once.
+                valid = (src >= 0) & (dst >= 0)
+                copy_rows(self.zero_row, torch.where(valid, 0, -1), mem.slots, torch.where(valid, src, -1), "triton")
         self.rows[plan.tier] += ((src >= 0) & (dst >= 0)).sum()
 
     def wait(self, ticket: Ticket) -> None:

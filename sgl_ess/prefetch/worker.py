@@ -38,7 +38,7 @@ import orjson
 import torch
 import zmq
 
-from sgl_ess.prefetch.execute import run_plan
+from sgl_ess.prefetch.execute import clear_staged, run_plan
 from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.prefetch.plan import CopyPlan
 from sgl_ess.prefetch.protocol import (PROTOCOL_VERSION, CompletionLedger, Done, Error, Heartbeat, PlanMsg,
@@ -61,9 +61,11 @@ class _Job:
         self.pos, self.rows, self.busy_s = 0, 0, 0.0
 
     def chunk(self, n: int | None) -> CopyPlan:
+        """The next `n` entries (all with None). A "move" runs its chunks as copies; its sources are
+        cleared once the last chunk has copied (a source row may feed entries in two chunks)."""
         end = self.src.shape[0] if n is None else min(self.pos + n, self.src.shape[0])
         m = self.msg
-        plan = CopyPlan(m.kind, self.src[self.pos:end], self.dst[self.pos:end], layer=m.layer, tier=m.tier,
+        plan = CopyPlan("s2s" if m.kind == "move" else m.kind, self.src[self.pos:end], self.dst[self.pos:end], layer=m.layer, tier=m.tier,
                         micro_batch=m.mb, tag_seq=m.tag, deadline_s=m.deadline, plan_id=m.id)
         self.pos = end
         return plan
@@ -186,6 +188,8 @@ class Worker:
                 q.popleft()
                 self.send(Error(inc=self.inc, id=job.msg.id, msg=f"{type(e).__name__}: {e}"))
                 return
+            if job.finished and job.msg.kind == "move":
+                clear_staged(self.mem, job.src[(job.src >= 0) & (job.dst >= 0)])
             job.busy_s += time.perf_counter() - t0
             if job.finished:
                 q.popleft()

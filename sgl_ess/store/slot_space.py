@@ -86,6 +86,13 @@ class SlotSpace:
         view = self.rows[:self.ring_base].view(self.num_layers, self.max_requests, n, self.row_bytes)
         view[:, req] = 0
 
+    def clear_speculative(self) -> None:
+        """Zero the speculative rows and untag them: predictions staged for any request are dropped
+        (never needed for correctness), and no row of a finished request stays behind there."""
+        if self.spec_slots:
+            self.rows[self.spec_base:self.spec_base + 2 * self.spec_slots] = 0
+            self.ring_tags[self.spec_base - self.ring_base:] = -1
+
     @property
     def nbytes(self) -> int:
         return self.total_slots * self.row_bytes

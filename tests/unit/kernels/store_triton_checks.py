@@ -51,15 +51,20 @@ def lockstep(mode):
             for a, b in zip(st_t, st_k):
                 assert torch.equal(a.read_slots, b.read_slots), f"step {step} layer {layer}: slot tables differ"
                 assert torch.equal(a.staged, b.staged)
+            wants, start = [], 0
+            for sp in st_t:                    # each plan: the unsplit torch reference and its fp32 bound, read
+                store_t.land(sp)               # after its rows landed and before the commit clears the ring rows
+                b = sp.reqs.numel()
+                wants.append(plan_reference(LAY, q[start:start + b], store_t.slot_rows, sp.read_slots,
+                                            sp.staged, SCALE, dual=mode != "none"))
+                start += b
             ref = decode_layer(store_t, mode, q, st_t, lambda qq, rows, sl: sparse_mla_decode(qq, rows, sl, LAY, SCALE))
             got = decode_layer(store_k, mode, q, st_k,
                                lambda qq, rows, sl: sparse_mla_decode_triton(qq, rows, sl, LAY, SCALE))
             assert torch.equal(store_t.slot_rows, store_k.slot_rows), f"step {step} layer {layer}: slot bytes differ"
             start = 0
-            for sp in st_t:                    # each plan: the unsplit torch reference and its fp32 bound
+            for sp, (want, _, tol) in zip(st_t, wants):
                 b = sp.reqs.numel()
-                want, _, tol = plan_reference(LAY, q[start:start + b], store_t.slot_rows, sp.read_slots,
-                                              sp.staged, SCALE, dual=mode != "none")
                 err = (got[start:start + b].double() - want.double()).abs()
                 assert bool((err <= tol).all()), f"step {step} layer {layer}: attention error {float(err.max()):.3e}"
                 start += b

@@ -79,7 +79,7 @@ def random_plan(rng: np.random.Generator, tier: str, *, parts: int = 1, part: in
         src_r, dst_r = host, (ring if rng.random() < 0.6 else hot)
     elif kind == "s2h":
         src_r, dst_r = (ring if rng.random() < 0.5 else hot), host
-    elif kind == "s2s":
+    elif kind in ("s2s", "move"):
         src_r, dst_r = ring, hot                         # commit: ring rows -> their LRU slots
     else:
         src_r, dst_r = host, host

@@ -135,10 +135,12 @@ class LatentStore:
         self.counters.reset_request(req)
 
     def close(self, req: int) -> None:
-        """Request finished, aborted or retracted: zero and free its hot buffer."""
+        """Request finished, aborted or retracted: zero and free its hot buffer, and drop every
+        speculative staging (they may hold its rows). Ring rows are zeroed by each commit ("move")."""
         self._check_req(req)
         if self.hot.is_open[req]:
             self._reset(req)
+            self.slots.clear_speculative()
             self.hot.is_open[req] = False
 
     def _reset(self, req: int) -> None:
@@ -299,7 +301,7 @@ class LatentStore:
             return
         self.land(step)
         src = torch.where(step.ring_dst >= 0, step.ring_dst, step.spec_dst)
-        plan = CopyPlan("s2s", src, torch.where(src >= 0, step.hot_dst, -1), tier="background",
+        plan = CopyPlan("move", src, torch.where(src >= 0, step.hot_dst, -1), tier="background",
                         micro_batch=step.micro_batch, note="commit")
         ticket = self._submit(plan)
         self._group_fence[self._ring_group(step.layer, step.micro_batch)] = ticket
@@ -321,8 +323,11 @@ class LatentStore:
         """Make the newest tokens `positions` [b] the most recently used entries of their hot
         buffers (evicting as a step would) and return their slot rows int64 [b]; the caller writes
         the rows' bytes there (`admit` does both). Lets a step be planned before the newest latent
-        row exists: the step that selects it then hits instead of fetching it back."""
+        row exists: the step that selects it then hits instead of fetching it back. A warmup of
+        this layer still in flight lands first: its rows must not land in a slot handed out here."""
         self._check_layer(layer)
+        for t in self._layer_fence.pop(layer, []):
+            self.engine.wait(t)
         reqs = reqs.to(self.device, torch.int64)
         positions = positions.to(self.device, torch.int64)
         if validate:

@@ -14,7 +14,8 @@ def ess_env(monkeypatch):
 
     def configure(**kw):
         kw.setdefault("prefetch_engine", "inline")
-        cfg = EssConfig(warmup_queries=4, **kw)
+        kw.setdefault("warmup_queries", 4)
+        cfg = EssConfig(**kw)
         monkeypatch.setenv(ENV_CONFIG_JSON, cfg.to_json())
         return cfg
 

@@ -118,8 +118,15 @@ class EssPoolAdapter:
     # --- per forward ------------------------------------------------------------------
     def after_extend(self, layer: int, rows: list[int], seq_lens: list[int], n_q: list[int],
                      topk: torch.Tensor, req_to_token: torch.Tensor) -> None:
-        """Prefill chunk done for `layer`: (re)open hot buffers and warm them from the last W queries."""
-        w = max(1, self.store_cfg.warmup_window)
+        """Prefill chunk done for `layer`: (re)open hot buffers and warm them from the last W queries
+        (W = --ess-warmup-queries; 0 opens them cold)."""
+        w = self.store_cfg.warmup_window
+        if w <= 0:
+            if layer == 0:
+                with self._lock:
+                    for row in rows:
+                        self.store.open(row)
+            return
         k = topk.shape[1]
         ids = torch.full((len(rows), w, k), -1, dtype=topk.dtype, device=topk.device)
         start = 0

@@ -11,6 +11,11 @@ in ``SGLESS_OPS``. No torch, no sglang.
 | guard_allow_any_model      | false   | accept any ``model`` name (SGLang's own behaviour)               |
 | metrics_link_gb_per_s      | 25.0    | host->device link bandwidth the saturation alert compares with   |
 | health_timeout_s           | 20.0    | how long /health waits for the scheduler before answering 503    |
+| guard_max_body_mb          | 8.0     | request body size (MiB), checked before anything is parsed       |
+| guard_enable_blocking_routes | false | weight-update-group / remote-instance routes (route_policy.py)   |
+| guard_blocking_timeout_s   | 30.0    | how long one of those may take before the client gets a 504      |
+| guard_operator_output_dir  | ""      | the only directory request dumps and profiler traces may go to   |
+| ess_drain_timeout_s        | 30.0    | after SIGTERM: how long running requests may finish, then exit 0 |
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ class OpsConfig:
     guard_allow_any_model: bool = False
     metrics_link_gb_per_s: float = 25.0
     health_timeout_s: float = 20.0
+    guard_max_body_mb: float = 8.0
+    guard_enable_blocking_routes: bool = False
+    guard_blocking_timeout_s: float = 30.0
+    guard_operator_output_dir: str = ""
+    ess_drain_timeout_s: float = 30.0
     # filled by the launcher, not flags
     enable_metrics: bool = False
     enable_deterministic_inference: bool = False
@@ -51,10 +61,22 @@ HELP = {
     "metrics_link_gb_per_s": "Host->device link bandwidth in GB/s; exported as sgless_transfer_link_bytes_per_second "
                              "for the 'transfer bandwidth saturated' alert.",
     "health_timeout_s": "Seconds /health waits for each scheduler's ESS state before answering 503.",
+    "guard_max_body_mb": "Largest request body in MiB; a larger one is refused with 413 before it is parsed.",
+    "guard_enable_blocking_routes": "Serve the routes that can block the scheduler in a rendezvous with a peer the "
+                                    "request names (/init_weights_update_group, /update_weights_from_distributed, "
+                                    "remote-instance weight transfer); they also need --admin-api-key.",
+    "guard_blocking_timeout_s": "With --guard-enable-blocking-routes: seconds one such request may take before "
+                                "the client gets a 504 (the named peer must accept a connection first).",
+    "guard_operator_output_dir": "The only directory (and below) that /configure_logging request dumps and "
+                                 "/start_profile traces may be written to. Unset: requests naming a directory "
+                                 "there are refused.",
+    "ess_drain_timeout_s": "After SIGTERM: new requests get 503 at once; running ones may finish for this many "
+                           "seconds, then every stream ends with an error event and the server exits 0.",
 }
 FLAG_FIELDS = tuple(HELP)
 MINIMUM = {"guard_max_n": 1, "guard_max_batch": 1, "guard_max_top_logprobs": 0, "metrics_link_gb_per_s": 1e-9,
-           "health_timeout_s": 0.1}
+           "health_timeout_s": 0.1, "guard_max_body_mb": 1e-3, "guard_blocking_timeout_s": 0.1,
+           "ess_drain_timeout_s": 0.0}
 
 
 def add_ops_args(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +85,8 @@ def add_ops_args(parser: argparse.ArgumentParser) -> None:
     defaults = OpsConfig()
     for name in FLAG_FIELDS:
         flag = "--" + name.replace("_", "-")
-        meta = "BOOL" if isinstance(getattr(defaults, name), bool) else type(getattr(defaults, name)).__name__.upper()
+        kind = type(getattr(defaults, name))
+        meta = {bool: "BOOL", str: "DIR"}.get(kind, kind.__name__.upper())
         g.add_argument(flag, dest="ops_" + name, default=None, metavar=meta,
                        help=f"{HELP[name]} (default: {getattr(defaults, name)})")
 
@@ -79,6 +102,11 @@ def build_ops_config(ns: argparse.Namespace, **launcher_facts) -> OpsConfig:
             continue
         flag = "--" + name.replace("_", "-")
         kind = type(getattr(defaults, name))
+        if kind is str:
+            values[name] = os.path.realpath(str(raw)) if raw else ""
+            if raw and not os.path.isdir(values[name]):
+                raise OpsConfigError(f"flag {flag}: got {raw!r}; expected an existing directory")
+            continue
         if kind is bool:
             if str(raw).lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 raise OpsConfigError(f"flag {flag}: got {raw!r}; expected true or false")

@@ -7,9 +7,11 @@ and what is allowed (and the launcher flag that moves a limit). Each rule exists
 ``logprobs`` beyond the vocabulary, an empty prompt on a tokenizer without BOS), queued it
 without bound (``n`` = 1e6), or answered wrongly (``n`` = -1 gave 200, ``seed`` ignored).
 
-Routes checked: /v1/completions, /v1/chat/completions, /generate. Every other route (and every
-tokenized prompt on any route) is still checked after tokenization (admission.py via the
-tokenizer manager), so a rule missed here cannot reach the scheduler either.
+Two places apply these rules. The request guard checks the JSON bodies of /v1/completions,
+/v1/chat/completions and /generate (any method) for its precise field names. The tokenizer manager
+checks every request object, whatever route or method built it (``check_generate_fields`` on
+``GenerateReqInput``'s fields), and after tokenization the prompt against the pool
+(admission.py) -- so no route can walk around a rule.
 """
 
 from __future__ import annotations
@@ -161,6 +163,12 @@ def check(path: str, body: Any, limits: OpsConfig, facts: ServingFacts) -> Optio
     if path == GENERATE:
         return _check_generate(body, limits, facts)
     return None
+
+
+def check_generate_fields(body: dict, limits: OpsConfig, facts: ServingFacts) -> Optional[Refusal]:
+    """The /generate rules on a ``GenerateReqInput``'s fields (text, input_ids, sampling_params,
+    top_logprobs_num), as every route hands them to the tokenizer manager."""
+    return _check_generate(body, limits, facts)
 
 
 def _check_generate(body: dict, limits: OpsConfig, facts: ServingFacts) -> Optional[Refusal]:

@@ -7,7 +7,9 @@ stays in the server log; the client gets the first useful sentence.
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Optional
 
 _FILE_BLOCK = re.compile(r'\s*File "[^"]*", line \d+.*', re.DOTALL)   # a traceback frame and all after it
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*", re.DOTALL)
@@ -30,3 +32,13 @@ def scrub(message: str) -> str:
 def leaks(text: str) -> bool:
     """True if `text` still shows a server path or a traceback (used by tests and the guard)."""
     return bool(_TRACEBACK.search(text) or re.search(r'File "[^"]*", line \d+', text) or _PATH.search(text))
+
+
+def error_body(path: str, status: int, message: str, param: Optional[str] = None, code: str = "") -> bytes:
+    """SGLang's own error shapes: OpenAI-style for /v1/*, {"error": {...}} elsewhere."""
+    if path.startswith("/v1/"):
+        body = {"object": "error", "message": message, "type": code or "BadRequestError", "param": param,
+                "code": status}
+    else:
+        body = {"error": {"message": message, "param": param, "code": status}}
+    return json.dumps(body).encode()

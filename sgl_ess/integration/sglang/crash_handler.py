@@ -6,7 +6,10 @@ then SIGKILLs the whole tree including itself: exit 137, which supervisors read 
 Here (official seams: ``ServerArgs.custom_sigquit_handler`` for the launch phase and the
 TokenizerManager's ``signal_handler_class`` for the serving phase, set by tokenizer.py) the
 launcher names the process that died, stops the others, and exits with STARTUP_FAILED (4) or
-PROCESS_DIED (5). The launcher turns the coredump / py-spy waits off on machines without CUDA.
+PROCESS_DIED (5). Before it exits, every open request is ended with an error (shutdown.end_all)
+and the event loop gets a moment to send it, so a streaming client reads an error event rather
+than a body cut mid-stream. The launcher turns the coredump / py-spy waits off on machines
+without CUDA. SIGTERM starts shutdown.py's bounded drain.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 import psutil
 
 from sgl_ess.serving import exit_codes
 
+from . import shutdown
+
 logger = logging.getLogger("sgl_ess.launch_server")
 _children: dict[int, str] = {}    # pid -> process title, recorded when the server is ready
 _ready = False
+_ERROR_FLUSH_S = 1.5             # how long the loop may send the error events before the exit
 
 
 def _title(p: psutil.Process) -> str:
@@ -64,8 +71,14 @@ def _dead_children() -> list[str]:
     return dead
 
 
+_fatal_once = threading.Lock()
+
+
 def fatal_exit(code: int, what: str) -> None:
-    """Print one line, stop every child, exit with `code` (never returns)."""
+    """Print one line, stop every child, exit with `code` (never returns; a second caller, e.g. the
+    fallback timer, returns at once while the first one exits)."""
+    if not _fatal_once.acquire(blocking=False):
+        return
     line = f"sgl_ess.launch_server: fatal: {what}; stopped all server processes (exit {code}, " \
            f"{exit_codes.NAMES[code]})"
     logger.error(line)
@@ -84,7 +97,13 @@ def launch_phase_handler(signum=None, frame=None) -> None:
     fatal_exit(exit_codes.STARTUP_FAILED, "a server process failed while starting (its error is above)")
 
 
+_exiting = False
+
+
 def _running_phase(tokenizer_manager) -> None:
+    global _exiting
+    if _exiting:
+        return                                           # a repeated SIGQUIT while the errors are sent
     watchdog = getattr(tokenizer_manager, "_subprocess_watchdog", None)
     if watchdog is not None:
         watchdog.stop()
@@ -97,6 +116,20 @@ def _running_phase(tokenizer_manager) -> None:
     dead = _dead_children()
     what = ("server process died while serving: " + ", ".join(dead)) if dead else \
         "a server process reported a fatal error while serving (its error is above)"
+    loop = getattr(tokenizer_manager, "event_loop", None)
+    try:
+        ended = shutdown.end_all(tokenizer_manager, "the server failed while serving this request "
+                                                    "(a server process died); retry on another replica", 500)
+    except Exception:  # noqa: BLE001 - exiting anyway
+        logger.exception("ending open requests")
+        ended = 0
+    if ended and loop is not None and loop.is_running():
+        _exiting = True
+        shutdown.begin_drain()                           # nothing new is admitted meanwhile
+        # the handler runs on the loop's thread: return to it so the error events are sent, then exit
+        threading.Timer(_ERROR_FLUSH_S * 3, fatal_exit, (exit_codes.PROCESS_DIED, what)).start()
+        loop.call_later(_ERROR_FLUSH_S, fatal_exit, exit_codes.PROCESS_DIED, what)
+        return
     fatal_exit(exit_codes.PROCESS_DIED, what)
 
 
@@ -104,6 +137,10 @@ def _signal_handler_class():
     from sglang.srt.managers.tokenizer_manager import SignalHandler
 
     class EssSignalHandler(SignalHandler):
+        def sigterm_handler(self, signum=None, frame=None):
+            super().sigterm_handler(signum, frame)
+            shutdown.begin_drain()
+
         def running_phase_sigquit_handler(self, signum=None, frame=None):
             _running_phase(self.tokenizer_manager)
 

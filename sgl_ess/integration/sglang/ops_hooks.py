@@ -13,6 +13,7 @@
     (Triton) exist only for CUDA/XPU and raise on CPU; without such a device deterministic mode
     keeps SGLang's seeded sampling (``sampling_seed``) and skips them, with a warning that
     outputs can still depend on what else is in the batch.
+  * every log record of the process is redacted of secret-shaped values (log_redaction.py).
   * internal state AFTER hook: adds ``ess_ops`` (token pool live / cached / free, queue) next to
     the store's ``ess`` usage, for /ess/status, /health and the metrics.
 """
@@ -59,6 +60,9 @@ def load_plugin() -> None:
     if _loaded:
         return
     _loaded = True
+    from . import log_redaction
+
+    log_redaction.install()                          # every process: no secret in a log line
     from sglang.srt.arg_groups.choices import (
         DETERMINISTIC_ATTENTION_BACKEND_CHOICES,
         RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND,

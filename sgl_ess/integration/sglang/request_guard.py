@@ -1,10 +1,12 @@
 """The request guard: an ASGI middleware in front of SGLang's FastAPI app (official seam:
 ``sglang.srt.entrypoints.http_server.app``), installed by the launcher before the server starts.
 
-Inbound: POST bodies of /v1/completions, /v1/chat/completions and /generate are checked by
+Inbound: bodies of /v1/completions, /v1/chat/completions and /generate (any method) are checked by
 ``sgl_ess.serving.request_rules`` and refused with a 400 (404 for an unknown model) that names the
 field and the allowed range; the scheduler never sees them. Accepted bodies are replayed to SGLang
-unchanged. Outbound: every JSON error body (any route, any status >= 400) and every streamed
+unchanged. The same rules also run in the tokenizer manager on every route's request object
+(tokenizer.py), so other routes (/invocations, /vertex_generate, ...) cannot walk around them.
+Outbound: every JSON error body (any route, any status >= 400) and every streamed
 ``error`` event is scrubbed of server paths and tracebacks (``sgl_ess.serving.sanitize``); 5xx
 bodies say only that the server failed. The full text stays in the server log.
 """
@@ -17,7 +19,9 @@ from typing import Optional
 
 from sgl_ess.serving.ops_config import OpsConfig
 from sgl_ess.serving.request_rules import GUARDED_PATHS, Refusal, ServingFacts, check
-from sgl_ess.serving.sanitize import scrub
+from sgl_ess.serving.sanitize import error_body, scrub
+
+from .route_guard import JSON_KEY
 
 logger = logging.getLogger("sgl_ess.guard")
 
@@ -35,16 +39,6 @@ def serving_facts(deterministic: bool) -> Optional[ServingFacts]:
     vocab = getattr(getattr(tm, "model_config", None), "vocab_size", None)
     return ServingFacts(vocab_size=vocab, model_names=tuple(dict.fromkeys(n for n in names if n)),
                         deterministic=deterministic)
-
-
-def error_body(path: str, status: int, message: str, param: Optional[str] = None, code: str = "") -> bytes:
-    """SGLang's own error shapes: OpenAI-style for /v1/*, {"error": {...}} elsewhere."""
-    if path.startswith("/v1/"):
-        body = {"object": "error", "message": message, "type": code or "BadRequestError", "param": param,
-                "code": status}
-    else:
-        body = {"error": {"message": message, "param": param, "code": status}}
-    return json.dumps(body).encode()
 
 
 async def _send_json(send, status: int, payload: bytes) -> None:
@@ -130,9 +124,12 @@ class RequestGuardMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        if scope.get("method") == "POST" and path in GUARDED_PATHS:
-            body, receive = await _buffer_body(receive)
-            refusal = self._check(path, body)
+        if scope.get("method") in ("POST", "PUT") and path in GUARDED_PATHS:
+            if JSON_KEY in scope:
+                refusal = self._check_data(path, scope[JSON_KEY])
+            else:
+                body, receive = await _buffer_body(receive)
+                refusal = self._check(path, body)
             if refusal is not None:
                 logger.info("guard: %d %s %s", refusal.status, path, refusal.message)
                 return await _send_json(send, refusal.status, error_body(
@@ -143,8 +140,13 @@ class RequestGuardMiddleware:
     def _check(self, path: str, body: bytes) -> Optional[Refusal]:
         try:
             data = json.loads(body) if body else None
+        except RecursionError:
+            return Refusal(400, "", "request body: JSON nested too deeply to parse; expected a request object")
         except ValueError:
             return None                                  # SGLang answers malformed JSON (scrubbed on the way out)
+        return self._check_data(path, data)
+
+    def _check_data(self, path: str, data) -> Optional[Refusal]:
         facts = serving_facts(self.ops.enable_deterministic_inference)
         if facts is None:
             return None

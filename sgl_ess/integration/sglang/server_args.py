@@ -6,8 +6,10 @@ Order of events (everything before "load the model" takes seconds):
   2. fill the launcher's defaults and size the token pool (launcher_defaults.py), check hot-slot
      feasibility and that ``--host:--port`` is free (sgl_ess.serving.preflight);
   3. set the process environment (process_env.py), load the plugins, let SGLang resolve its args;
-  4. install /ess/status, the request guard and /health on SGLang's app; start SGLang's HTTP server
-     with sgl-ess's TokenizerManager (tokenizer.py) and crash handler (crash_handler.py).
+  4. install /ess/status, the request guard, /health and (outermost) the route guard on SGLang's
+     app; start SGLang's HTTP server with sgl-ess's TokenizerManager (tokenizer.py), crash handler
+     (crash_handler.py) and the warmup that authenticates with the internal token (auth_keys.py).
+``--api-key`` / ``--admin-api-key`` never reach SGLang (auth_keys.py): the route guard enforces them.
 Exit codes: sgl_ess.serving.exit_codes (2 configuration, 3 port in use, 4 startup, 5 crash).
 """
 
@@ -22,8 +24,10 @@ from sgl_ess.config import ENV_CONFIG_JSON, FIELDS, EssConfigError, build_config
 from sgl_ess.serving import exit_codes
 from sgl_ess.serving.ops_config import ENV_OPS_JSON, OpsConfigError, add_ops_args, build_ops_config
 from sgl_ess.serving.preflight import PortInUse, PreflightError, check_port
+from sgl_ess.serving.redact import redact_argv
+from sgl_ess.serving.route_policy import Keys
 
-from . import process_env
+from . import auth_keys, process_env, route_guard
 from .launcher_defaults import fill_defaults, flag_value, has_flag, int_flag, sizing_json
 from .status_route import ENV_POOL_SIZING
 
@@ -89,17 +93,25 @@ def _die(code: int, message: str) -> None:
     sys.exit(code)
 
 
-def _serve(server_args) -> None:
+def _serve(server_args, keys: Keys) -> None:
     from sglang.launch_server import run_server
 
     from . import crash_handler, tokenizer
 
     if server_args.smg_grpc_mode or server_args.encoder_only or server_args.use_ray:
+        if keys.api_key or keys.admin_api_key:
+            _die(exit_codes.CONFIG, "--api-key / --admin-api-key are enforced by sgl-ess's HTTP route guard, "
+                                    "which gRPC, encoder-only and Ray front ends bypass; drop the keys or the "
+                                    "front-end flag")
         return run_server(server_args)                  # other front ends: SGLang's own dispatch
     from sglang.srt.entrypoints.http_server import launch_server
 
+    def on_ready():
+        auth_keys.end_warmup()
+        crash_handler.on_ready()
+
     launch_server(server_args, init_tokenizer_manager_func=tokenizer.init_tokenizer_manager,
-                  launch_callback=crash_handler.on_ready)
+                  launch_callback=on_ready, execute_warmup_func=auth_keys.warmup_func(keys))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     has_cuda = torch.cuda.is_available()
     try:
         cfg, ns, sgl_argv, sizing = resolve(argv, has_cuda)
+        sgl_argv, found_keys = auth_keys.take_keys(sgl_argv)
         ops = build_ops_config(ns, enable_metrics=has_flag(sgl_argv, "--enable-metrics"),
                                enable_deterministic_inference=has_flag(sgl_argv, "--enable-deterministic-inference"))
         host, port = flag_value(sgl_argv, "--host"), int_flag(sgl_argv, "--port")
@@ -120,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
         _die(exit_codes.PORT_IN_USE, str(e))
     except (EssConfigError, OpsConfigError, PreflightError) as e:
         _die(exit_codes.CONFIG, str(e))
+    keys = Keys(api_key=found_keys["--api-key"], admin_api_key=found_keys["--admin-api-key"],
+                internal_token=route_guard.new_internal_token(),
+                enable_blocking_routes=ops.guard_enable_blocking_routes)
     os.environ[ENV_CONFIG_JSON] = cfg.to_json()
     os.environ[ENV_OPS_JSON] = ops.to_json()
     os.environ[ENV_POOL_SIZING] = sizing_json(sizing)
@@ -142,16 +158,15 @@ def main(argv: list[str] | None = None) -> None:
         _die(exit_codes.CONFIG, f"SGLang refused the arguments: {e}")
     logger.info("%s", cfg.summary())
     logger.info("sgl_ess.launch_server: pool: %s", sizing_json(sizing))
-    logger.info("sgl_ess.launch_server: SGLang args: %s", " ".join(sgl_argv))
+    logger.info("sgl_ess.launch_server: SGLang args: %s", " ".join(redact_argv(sgl_argv)))
+    logger.info("%s", auth_keys.startup_line(keys))
     status_route.install()
     runtime_config.install_route()                      # POST /ess/overlap_level (runtime_config.py)
     request_guard.install(ops)
     health.install(ops.health_timeout_s)
-    from .runtime_config import install_route
-
-    install_route()               # POST /ess/overlap_level
+    route_guard.install(ops, keys)                      # last added = outermost: every request meets it first
     try:
-        _serve(server_args)
+        _serve(server_args, keys)
     except KeyboardInterrupt:
         pass
     except Exception as e:  # noqa: BLE001 - one line and a distinct code instead of a bare traceback

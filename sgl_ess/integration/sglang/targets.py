@@ -98,4 +98,15 @@ SEAMS = {
     "sglang.srt.environ.envs.SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE": "file:// rendezvous: no TCPStore on all interfaces",
     "sglang.srt.environ.envs.SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "off without CUDA: no 60 s wait on a crash",
     "sglang.srt.environ.envs.SGLANG_PYSPY_DUMP_BEFORE_CRASH": "off without CUDA: no 5 s wait on a crash",
+    # serving surface (issue 20): route guard, keys, shutdown
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request":
+        "extended in EssTokenizerManager: the guard's field rules on every route's request object",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._tokenize_texts":
+        "extended in EssTokenizerManager: long prompts tokenized in a worker thread",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.sigterm_watchdog":
+        "extended in EssTokenizerManager: bounded drain (shutdown.py), then SGLang's exit path",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.abort_request": "shutdown.end_all: abort_all",
+    "sglang.srt.managers.tokenizer_manager.SignalHandler.sigterm_handler":
+        "extended in EssSignalHandler: SIGTERM starts the drain (503 to new requests) at once",
+    "sglang.srt.runtime_context.get_serving": "auth_keys.py: the warmup's internal token (override())",
 }

@@ -8,10 +8,22 @@ every route, batches included) is extended, not replaced: after SGLang's own che
 must have at least one token, ids inside the vocabulary, and fit the token pool (with ESS on, the
 host pool) at all (``sgl_ess.serving.admission``). A refusal is a ValueError, which SGLang turns
 into a 400 before anything is sent to the scheduler.
+
+``generate_request`` (the one entry of every generate route -- /generate, /v1/*, /invocations,
+/vertex_generate, Ollama, any method) first applies the request guard's rules
+(``sgl_ess.serving.request_rules``: ``n``, ``top_logprobs_num``, batch size, token ids) to the
+request object itself, so no route or HTTP method can walk around them.
+
+``_tokenize_texts``: a prompt longer than ``OFF_LOOP_CHARS`` is tokenized in a worker thread, so
+one huge prompt does not stall every other client on the HTTP event loop.
+
+``sigterm_watchdog``: the bounded drain of shutdown.py (``--ess-drain-timeout-s``), then SGLang's
+own exit path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -21,12 +33,16 @@ from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 from sgl_ess.config import config_from_env
 from sgl_ess.serving.admission import refuse_reason
+from sgl_ess.serving.ops_config import ops_from_env
+from sgl_ess.serving.request_rules import ServingFacts, check_generate_fields
 
-from . import crash_handler
+from . import crash_handler, shutdown
 from .status_route import ENV_POOL_SIZING
 
 logger = logging.getLogger("sgl_ess.admission")
 _DEFAULT_MAX_NEW_TOKENS = 128   # SGLang's SamplingParams default when the key is absent
+OFF_LOOP_CHARS = 64 * 1024      # longer prompts are tokenized off the event loop
+_RULE_FIELDS = ("text", "input_ids", "sampling_params", "top_logprobs_num")
 
 
 def _pool_tokens() -> int | None:
@@ -47,6 +63,36 @@ class EssTokenizerManager(TokenizerManager):
         # the pool's page size as the launcher resolved it (DSA: 64); SGLang's resolved value lives
         # in the scheduler, and this process's server_args may still hold the unresolved default
         self._page_size = int(sizing.get("page_size") or self.server_args.page_size or 1)
+        self._ops = ops_from_env()
+
+    def _rule_refusal(self, obj):
+        """The guard's field rules on the request object, whatever route or method built it."""
+        if not hasattr(obj, "return_logprob"):
+            return None                                          # embeddings: no sampling fields
+        facts = ServingFacts(vocab_size=getattr(self.model_config, "vocab_size", None), model_names=(),
+                             deterministic=self._ops.enable_deterministic_inference)
+        fields = {k: getattr(obj, k, None) for k in _RULE_FIELDS}
+        return check_generate_fields(fields, self._ops, facts)
+
+    async def generate_request(self, obj, request=None):
+        refusal = self._rule_refusal(obj)
+        if refusal is not None:
+            logger.info("guard: refused in the tokenizer manager: %s", refusal.message)
+            raise ValueError(refusal.message)
+        async for out in super().generate_request(obj, request):
+            yield out
+
+    async def _tokenize_texts(self, texts, is_cross_encoder: bool = False):
+        size = len(texts) if isinstance(texts, str) else sum(len(t) for t in texts if isinstance(t, str)) \
+            if isinstance(texts, list) else 0
+        if size < OFF_LOOP_CHARS or self.async_dynamic_batch_tokenizer is not None:
+            return await super()._tokenize_texts(texts, is_cross_encoder)
+        parent = super()._tokenize_texts                  # no awaits inside without the async tokenizer
+        return await asyncio.to_thread(lambda: asyncio.run(parent(texts, is_cross_encoder)))
+
+    async def sigterm_watchdog(self):
+        await shutdown.drain(self, self._ops.ess_drain_timeout_s)
+        await super().sigterm_watchdog()
 
     def _validate_one_request(self, obj, input_ids) -> None:
         super()._validate_one_request(obj, input_ids)

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import signal
+import secrets
 import socket
 import subprocess
 import sys
@@ -53,9 +54,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+ADMIN_KEY = secrets.token_hex(16)     # operator routes (flush, overlap level) need --admin-api-key
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
 def start_server(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(port), *args, "--admin-api-key", ADMIN_KEY]
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -141,7 +146,8 @@ def get_json(base: str, path: str) -> dict:
 
 
 def flush(base: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(base + "/flush_cache", method="POST"), timeout=120).read()
+    urllib.request.urlopen(urllib.request.Request(base + "/flush_cache", method="POST", headers=ADMIN),
+                           timeout=120).read()
 
 
 def kv_device_bytes(memory: list[dict]) -> dict:
@@ -167,7 +173,7 @@ def off_pool_tokens(on_status: dict, on_device: int) -> tuple[int, dict]:
 def set_level(base: str, level: str) -> None:
     """Switch the running server's overlap level (POST /ess/overlap_level)."""
     req = urllib.request.Request(base + "/ess/overlap_level", data=json.dumps({"level": level}).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **ADMIN})
     with urllib.request.urlopen(req, timeout=60) as r:
         got = json.loads(r.read())
     if got.get("level") != level:

@@ -7,10 +7,11 @@ import urllib.error
 import urllib.request
 
 
-def call(base: str, path: str, body: dict | None = None, timeout: float = 120, method: str | None = None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data is not None else {})
+def call(base: str, path: str, body: dict | None = None, timeout: float = 120, method: str | None = None,
+         headers: dict | None = None, raw: bytes | None = None):
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    hdrs = {"Content-Type": "application/json"} if data is not None else {}
+    req = urllib.request.Request(base + path, data=data, method=method, headers={**hdrs, **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")

@@ -17,6 +17,7 @@ import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STARTUP_TIMEOUT_S = 480  # a loaded 2-core machine can take minutes (tokenizer + scheduler start)
+TEST_ADMIN_KEY = "sgl-ess-test-admin-key"   # operator routes (flush, abort, overlap level) need one
 
 
 def free_port() -> int:
@@ -26,12 +27,17 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, name: str, args: list[str], env: dict | None = None):
+    """`admin_key`: started with --admin-api-key (default TEST_ADMIN_KEY; None: without one, so its
+    operator routes are off). The HTTP helpers below send the admin key, which every route accepts."""
+
+    def __init__(self, name: str, args: list[str], env: dict | None = None, admin_key: str | None = TEST_ADMIN_KEY):
         self.name = name
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix=f"sgl_ess_{name}_", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(self.port), *args]
+        self.admin_key = admin_key if "--admin-api-key" not in args else args[args.index("--admin-api-key") + 1]
+        extra = ["--admin-api-key", admin_key] if admin_key and "--admin-api-key" not in args else []
+        cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(self.port), *args, *extra]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env={**os.environ, **(env or {})})
         self.pgid = self.proc.pid
@@ -75,14 +81,18 @@ class Server:
             pass
 
     # --- HTTP helpers -----------------------------------------------------------------
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+
     def post(self, path: str, body: dict, timeout: float = 300) -> dict:
         req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **self.auth})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
     def get(self, path: str, timeout: float = 60) -> dict:
-        with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(self.base + path, headers=self.auth), timeout=timeout) as r:
             return json.loads(r.read())
 
     def flush_cache(self, wait_s: float = 60.0) -> None:
@@ -90,7 +100,7 @@ class Server:
         finished request not yet cleaned up): retry until `wait_s`, then raise."""
         deadline = time.time() + wait_s
         while True:
-            req = urllib.request.Request(self.base + "/flush_cache", method="POST")
+            req = urllib.request.Request(self.base + "/flush_cache", method="POST", headers=self.auth)
             try:
                 with urllib.request.urlopen(req, timeout=60) as r:
                     r.read()
@@ -118,28 +128,45 @@ class Server:
         t.start()
         time.sleep(after_s)
         req = urllib.request.Request(self.base + "/abort_request", data=json.dumps({"rid": rid}).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **self.auth})
         urllib.request.urlopen(req, timeout=60).read()     # the answer need not be JSON
         t.join(timeout=join_s)
         return out.get("r")
 
     def wait_ess_zero(self, timeout_s: float = 60) -> dict:
-        """Flush the prefix cache and poll until the ESS usage of the scheduler (and of its draft
-        stores, with speculation) is back to zero; the usage, or AssertionError at the deadline."""
+        """Poll until the scheduler (and its draft stores, with speculation) hold no live host row, no
+        hot slot and no open hot buffer -- WITHOUT a flush: a flush clears SGLang's allocator, so
+        reading usage after one says nothing about a leak. Cached prefix rows may stay (evictable).
+        Then flush and require every pool empty. The usage, or AssertionError at the deadline."""
         deadline, u = time.time() + timeout_s, None
-        while time.time() < deadline:
+        while True:
+            u = self.ess_usage()
+            if ess_live_zero(u) and all(ess_live_zero(d) for d in u.get("draft", [])):
+                break
+            if time.time() > deadline:
+                raise AssertionError(f"live ESS rows did not return to zero without a flush: {u}")
+            time.sleep(0.5)
+        while True:
             self.flush_cache(wait_s=max(0.0, deadline - time.time()))
             u = self.ess_usage()
             if ess_usage_zero(u) and all(ess_usage_zero(d) for d in u.get("draft", [])):
                 return u
+            if time.time() > deadline:
+                raise AssertionError(f"ESS usage did not return to zero after a flush: {u}")
             time.sleep(1.0)
-        raise AssertionError(f"ESS usage did not return to zero: {u}")
 
     def generate(self, text: str, max_new_tokens: int, **extra) -> dict:
         body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
                                                    "ignore_eos": True}, "return_logprob": True}
         body.update(extra)
         return self.post("/generate", body)
+
+
+def ess_live_zero(u: dict) -> bool:
+    """Nothing held for a request: no live host row (used minus the prefix cache's evictable rows), no hot
+    slot, no open hot buffer. Draft stores report no split; their hot state is what counts."""
+    live = u.get("host_tokens_live", 0)
+    return live == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0
 
 
 def ess_usage_zero(u: dict) -> bool:

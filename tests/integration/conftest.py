@@ -24,9 +24,9 @@ def _need_sglang():
         pytest.skip("sglang is not installed (run launch/setup.sh)")
 
 
-def _start(name, args, env=None):
+def _start(name, args, env=None, **kw):
     _need_sglang()
-    srv = Server(name, args, env)
+    srv = Server(name, args, env, **kw)
     try:
         srv.wait_healthy()
     except Exception:
@@ -60,9 +60,11 @@ OPS_POOL_TOKENS = 4096
 
 @pytest.fixture(scope="session")
 def server_ops():
-    """ESS on, --enable-metrics, the host pool sized by --ess-memory-pool-size-gb alone (4096 tokens)."""
+    """ESS on, --enable-metrics, the host pool sized by --ess-memory-pool-size-gb alone (4096 tokens); no keys
+    (the launcher's default: operator routes off, inference and status open)."""
     srv = _start("ess_ops", ["--ess-hot-slots-per-request", str(HOT_SLOTS), "--max-running-requests", "8",
-                             "--ess-memory-pool-size-gb", str(OPS_HOST_POOL_GB), "--enable-metrics"])
+                             "--ess-memory-pool-size-gb", str(OPS_HOST_POOL_GB), "--enable-metrics"],
+                 admin_key=None)
     yield srv
     srv.stop()
     assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"

@@ -1,5 +1,6 @@
-"""Bounded soak of the real server (issue 7): minutes of mixed traffic with aborts, client
-disconnects and bad requests, then:
+"""Bounded soak of the real server (issues 7 and 20): minutes of mixed traffic with aborts, client
+disconnects and bad requests (also on other routes and methods, operator routes without a key,
+JSON nested 100,000 deep), then:
 
   * zero crashes: the server process lives, no 5xx answer, every bad request got its 4xx;
   * live host rows back to zero WITHOUT a flush (cached prefix rows may stay: they are evictable);
@@ -37,6 +38,23 @@ BAD = [
     ("/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 2}),
     ("/generate", {"input_ids": ids_prompt(20000), "sampling_params": {"max_new_tokens": 4}}),
     ("/v1/chat/completions", {"model": "default", "messages": "oops"}),
+]
+# issue 20: routes and methods around the HTTP guard, operator routes without a key, odd bodies
+CRASH_LOGPROBS = {"text": "Hello world", "sampling_params": {"max_new_tokens": 4}, "return_logprob": True,
+                  "top_logprobs_num": 5000}
+BAD_ANY = [   # (method, path, JSON body or raw bytes)
+    ("PUT", "/generate", CRASH_LOGPROBS),
+    ("POST", "/invocations", {"model": "tiny_dsv32", "messages": [{"role": "user", "content": "Hello"}],
+                              "max_tokens": 4, "logprobs": True, "top_logprobs": 5000}),
+    ("POST", "/vertex_generate", {"instances": [{"text": "Hello"}], "parameters": {
+        "return_logprob": True, "top_logprobs_num": 5000, "sampling_params": {"max_new_tokens": 2}}}),
+    ("POST", "/invocations", {"model": "tiny_dsv32", "messages": [{"role": "user", "content": "Hi"}],
+                              "max_tokens": 2, "n": 500}),
+    ("POST", "/abort_request", {"abort_all": True}),                    # operator route, no key: 401
+    ("POST", "/pause_generation", {}),
+    ("POST", "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 9, "rank_offset": 1,
+                                            "world_size": 2}),
+    ("POST", "/v1/completions", b"[" * 100000 + b"]" * 100000),
 ]
 
 
@@ -86,7 +104,7 @@ def _generate_then_abort(srv, rng):
         "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}, timeout=300)))
     t.start()
     time.sleep(rng.uniform(0.2, 2.0))
-    call(srv.base, "/abort_request", {"rid": rid}, timeout=60)
+    call(srv.base, "/abort_request", {"rid": rid}, timeout=60, headers=srv.auth)
     t.join(timeout=300)
     return out.get("r", (0, ""))[0]
 
@@ -104,10 +122,15 @@ def _one(srv, rng, tally):
         st, text = _stream_and_leave(srv, rng), ""
     elif kind == "abort":
         st, text = _generate_then_abort(srv, rng), ""
-    else:
+    elif rng.random() < 0.5:
         path, body = rng.choice(BAD)
         st, text = call(srv.base, path, body, timeout=120)
         assert 400 <= st < 500, f"bad request {path} {str(body)[:80]} answered {st}: {text[:200]}"
+    else:
+        method, path, body = rng.choice(BAD_ANY)
+        raw = body if isinstance(body, bytes) else None
+        st, text = call(srv.base, path, None if raw else body, timeout=120, method=method, raw=raw)
+        assert 400 <= st < 500, f"bad request {method} {path} {str(body)[:80]} answered {st}: {text[:200]}"
     tally.add(kind, st, text)
 
 

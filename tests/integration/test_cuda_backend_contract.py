@@ -1,7 +1,7 @@
-"""The CUDA ESS backend (cuda_backend.py) cannot run on this CPU machine, but the SGLang API it
-calls can be checked here: the subclass builds from the installed SGLang, and every private
-method, field and signature it relies on exists with the parameters it passes. A SGLang upgrade
-that moves any of them fails here, naming it, instead of on the first GPU run."""
+"""The SGLang API the CUDA ESS backend (cuda_backend.py) calls: the subclass builds from the
+installed SGLang, and every private method, field and signature it relies on exists with the
+parameters it passes. A SGLang upgrade that moves any of them fails here, naming it, instead of on
+the first GPU run. (The class itself runs in test_cuda_backend_gpu_fake.py, kernels swapped.)"""
 
 import dataclasses
 import inspect
@@ -24,11 +24,13 @@ def test_subclass_builds_and_overrides_what_it_should():
 
     cls = backend_class()
     assert issubclass(cls, DeepseekSparseAttnBackend)
-    for name in ("__init__", "get_indexer_metadata", "forward_decode"):
+    # every forward SGLang routes to the backend goes through the store (store_forward.StoreForward)
+    for name in ("__init__", "init_forward_metadata", "get_indexer_metadata", "forward_extend", "forward_decode"):
         assert name in cls.__dict__, name
-    base = _params(DeepseekSparseAttnBackend.forward_decode)
-    assert base[:9] == ["self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "q_rope", "k_rope"]
-    assert "topk_indices" in base
+    for fn in (DeepseekSparseAttnBackend.forward_decode, DeepseekSparseAttnBackend.forward_extend):
+        base = _params(fn)
+        assert base[:9] == ["self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "q_rope", "k_rope"]
+        assert "topk_indices" in base
 
 
 def test_sglang_internals_the_cuda_path_calls():

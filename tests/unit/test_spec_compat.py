@@ -53,3 +53,15 @@ def test_refused_naming_flag_and_reason(args, cfg, needles):
 def test_speculative_algorithm_enum_is_read_by_name():
     algo = SimpleNamespace(name="EAGLE")
     assert refusals(_args(speculative_algorithm=algo, speculative_eagle_topk=1), EssConfig(), False) == []
+
+
+@pytest.mark.parametrize("args, needles", [
+    (_args(**EAGLE), ["--speculative-algorithm", "CUDA", "--ess-enabled false"]),
+    (_args(enable_mixed_chunk=True), ["--enable-mixed-chunk", "CUDA"]),
+])
+def test_refused_on_cuda_until_the_store_serves_them(args, needles):
+    """Issue 16, defect 3: MTP (and mixed chunks) on CUDA went around the store; refused at launch."""
+    msg = " ".join(refusals(args, EssConfig(), has_cuda=True))
+    for n in needles:
+        assert n in msg, f"{n!r} missing from: {msg}"
+    assert refusals(args, EssConfig(enabled=False), has_cuda=True) == []

@@ -6,17 +6,21 @@ Module map:
   cpu_fixes.py             what SGLang needs to run a DSA model without CUDA (capability probe, absorbed MLA)
   indexer_torch.py         exact pure-torch DSA lightning indexer (CPU path of ``Indexer.forward_native``)
   backend_registration.py  registers the ``ess`` attention backend and builds the store in each scheduler
-  ess_backend.py           the ``ess`` sparse-MLA attention backend (top-k rows; ESS off: device pool, on: store)
+  store_forward.py         the one request lifecycle through the store (extend, mixed, verify, decode), both backends
+  ess_backend.py           the ``ess`` sparse-MLA attention backend (CPU torch kernels; ESS off: device pool)
   pool_adapter.py          adapter between SGLang's pools/requests and ``sgl_ess.store.LatentStore``
   lifecycle.py             frees hot buffers / host rows on finish, abort, retract, flush; usage into internal state
   dummy_init.py            unit-variance random weights for the embedded model (``SGLESS_DUMMY_INIT=scaled``)
   host_pool_class.py       SGLang's DSA pool class built host-backed: its latent buffers ARE the ESS host rows
-  cuda_backend.py          CUDA: SGLang's DSA backend whose decode reads the ESS slot space (FlashMLA / Triton); NOT YET RUN
+  cuda_backend.py          CUDA: SGLang's DSA backend through store_forward (FlashMLA / Triton kernels); run as GPU fakes only
   cuda_memory.py           CUDA: token-pool sizing without device latents; NOT YET RUN
   speculative.py           EAGLE / NextN (MTP) draft backends with ESS, verify's query layout
   spec_cpu_kernels.py      torch versions of the sgl-kernel CPU ops SGLang's EAGLE path calls on CPU
   compat.py                launch-time refusal of flag combinations ESS does not serve (names the flag and why)
   runtime_config.py        ``POST /ess/overlap_level``: change the overlap level of a running server
+  route_guard.py           outermost ASGI guard: route policy + auth, body limit, drain, operator dirs, redaction
+  auth_keys.py             the API keys kept from SGLang; the warmup's internal token; log_redaction.py: log records
+  shutdown.py              bounded SIGTERM drain; open requests ended with an error event on shutdown / crash
   request_guard.py         ASGI request guard in front of SGLang's app (400s naming the field and the range)
   tokenizer.py             SGLang's TokenizerManager plus admission after tokenization and the crash handler
   crash_handler.py         one clear line and a distinct exit code when a server process dies

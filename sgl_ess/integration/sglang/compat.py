@@ -65,6 +65,13 @@ def refusals(args: Any, cfg: EssConfig, has_cuda: bool) -> list[str]:
         if getattr(args, "enable_mixed_chunk", False):
             out.append("--enable-mixed-chunk with --speculative-algorithm and ESS on: a speculative request riding in "
                        "a mixed batch is not built; drop one of the two flags")
+    if has_cuda and spec:
+        out.append("--speculative-algorithm with ESS on CUDA: the draft store and the verify forward do not run "
+                   "through the ESS store on CUDA yet (they would read the host pool over PCIe and write draft rows "
+                   "into committed positions); run MTP with --ess-enabled false on CUDA, or ESS without MTP")
+    if has_cuda and getattr(args, "enable_mixed_chunk", False):
+        out.append("--enable-mixed-chunk with ESS on CUDA: requests riding in a mixed batch are not served by the "
+                   "CUDA backend's store path yet; drop --enable-mixed-chunk")
     if tbo and not has_cuda:
         out.append("--enable-two-batch-overlap with ESS on this CPU-only machine: SGLang runs TBO only with expert "
                    "parallelism (--moe-a2a-backend deepep) or DP attention across GPUs; the per-micro-batch ESS path "

@@ -1,27 +1,27 @@
-"""ESS on CUDA inside SGLang: SGLang's own ``DeepseekSparseAttnBackend`` whose decode reads the
-ESS slot space. NOT YET RUN: no machine with a GPU and SGLang's CUDA stack was available (the
-lent GPU machine has no SGLang, so bench/gpu_check.sh part 2 skips there); every piece below
-it - store, stream engine, Triton kernels - is tested on CPU (interpreter) and in tests/gpu.
+"""ESS on CUDA inside SGLang: SGLang's own ``DeepseekSparseAttnBackend`` whose forwards go through the
+ESS store. NOT YET RUN ON A GPU: no machine with a GPU and SGLang's CUDA stack was available. The
+class itself runs in the CPU suite with only its device kernels swapped for torch references
+(tests/integration/test_cuda_backend_gpu_fake.py: FlashMLA -> a torch sparse MLA); the store,
+stream engine and Triton kernels below it are tested on CPU (interpreter) and in tests/gpu.
 
 Installed with HookRegistry class REPLACE on ``dsa_backend.DeepseekSparseAttnBackend`` when ESS
 is on and CUDA is present, so the backend keeps the name ``dsa`` and every place SGLang builds
-one (the target runner, Two-Batch-Overlap children, the MTP draft backends) gets it. Decode:
-  1. SGLang's writer stores the step's new row through the pool's zero-copy view straight into
-     the host pool (host_pool_class.py); the store copies it into its reserved hot slot;
-  2. the indexer runs with logical (unfused) top-k, so ``topk_indices`` are token positions;
-  3. ``EssPoolAdapter.decode`` resolves them (Triton resolver), fetches the misses on the
-     stream engine's side stream (submitted right after the indexer by the hook on
-     ``Indexer.forward_cuda``, so the fetch overlaps the rest of the attention prologue) and
-     waits for them with an event;
-  4. SGLang's own FlashMLA kernel runs with ``kv_cache`` = the slot space (a multiple of 64
-     rows, viewed as [S, 1, 656] FP8 rows) and ``page_table_1`` = the int32 slot table.
-FlashMLA returns no log-sum-exp through SGLang's wrapper and its tile schedule covers the whole
-batch, so with SGLang's kernels the level runs as one attention call after the wait (the fetch
-still hides behind the prologue). Any other decode implementation SGLang picked is replaced by
-the Triton sparse-MLA decode kernel (sgl_ess.kernels.sparse_mla_triton) over the same slot
-table, which returns the log-sum-exp, so DA and DBA run split as on the CPU path.
-Decode CUDA graphs: the path has no host sync and static shapes by design, but capture is
-unverified, so the launcher disables CUDA graphs with ESS on (``--disable-cuda-graph``).
+one (the target runner, Two-Batch-Overlap children) gets it. The request lifecycle is the CPU
+backend's: ``store_forward.StoreForward`` (open + warm hot buffers after each prefill chunk,
+reserve / plan / land / commit per decode layer); this class supplies only ``_CudaKernels``:
+  * prefill: SGLang's own prefill kernels over the full history (the pool's zero-copy view of the
+    host pool), with the indexer's token positions mapped to pool locations when SGLang's
+    fused-top-k path expects locations (the store needs positions: ``force_unfused_topk``);
+  * decode: SGLang's FlashMLA kernel with ``kv_cache`` = the slot space (a multiple of 64 rows,
+    viewed as [S, 1, 656] FP8 rows) and ``page_table_1`` = the int32 slot table; the misses'
+    fetch was submitted right after the indexer (hook on ``Indexer.forward_cuda``) on the stream
+    engine's side stream. FlashMLA returns no log-sum-exp through SGLang's wrapper, so the level
+    runs as one attention call after the wait. Any other decode implementation is replaced by the
+    Triton sparse-MLA decode (sgl_ess.kernels.sparse_mla_triton), which returns the LSE.
+Not served on CUDA yet, refused at launch (compat.py): MTP (verify / draft extend / draft decode
+through the store) and mixed chunked prefill. Decode CUDA graphs: the path has no host sync and
+static shapes by design, but capture is unverified, so the launcher disables CUDA graphs with ESS
+on (``--disable-cuda-graph``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ import dataclasses
 import logging
 
 import torch
+
+from .speculative import ROLE_TARGET
+from .store_forward import StoreForward
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +51,27 @@ def backend_class():
     base = mod.DeepseekSparseAttnBackend
 
     class EssDeepseekSparseAttnBackend(base):
+        # the same per-instance roles as the CPU backend (store_forward.StoreForward reads them)
+        spec_role = ROLE_TARGET
+        speculative_step_id = 0
+        micro_batch_base = 0
+
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
             from .backend_registration import store_for_runner
 
             self.store = store_for_runner(model_runner)
+            self._call = None            # the SGLang arguments of the forward in progress (kernels read them)
+            self._forward = None
+            if self.store is not None:
+                cfg = model_runner.model_config
+                self._forward = StoreForward(self.store, self.req_to_token_pool, _CudaKernels(self, base), self,
+                                             cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+
+        def init_forward_metadata(self, forward_batch):
+            super().init_forward_metadata(forward_batch)
+            if self._forward is not None:
+                self._forward._layout_of = None
 
         def get_indexer_metadata(self, layer_id, forward_batch):
             md = super().get_indexer_metadata(layer_id, forward_batch)
@@ -60,53 +79,100 @@ def backend_class():
                 md = dataclasses.replace(md, force_unfused_topk=True)   # token positions, not locations
             return md
 
+        def _q_all(self, q, q_rope, layer):
+            if q_rope is not None:
+                q_nope = q.view(-1, layer.tp_q_head_num, layer.v_head_dim)
+                q_rope = q_rope.view(q_nope.shape[0], layer.tp_q_head_num, layer.head_dim - layer.v_head_dim)
+                return mod.concat_mla_absorb_q_general(q_nope, q_rope)
+            return q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+
+        def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
+                           topk_indices=None, **kwargs):
+            if self.store is None or topk_indices is None:
+                return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
+                                              k_rope=k_rope, topk_indices=topk_indices, **kwargs)
+            mode = forward_batch.forward_mode
+            if mode.is_target_verify() or mode.is_draft_extend_v2():
+                raise NotImplementedError("ESS on CUDA: MTP verify / draft extend do not run through the store yet; "
+                                          "the launcher refuses --speculative-algorithm with ESS on CUDA")
+            self.store.fence_host()          # pending zeroing of released rows lands before this write
+            if k is not None and save_kv_cache:
+                self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+            self._call = (q, v, q_rope, kwargs)
+            try:
+                return self._forward.extend(q, layer, forward_batch, topk_indices)
+            finally:
+                self._call = None
+
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
                            topk_indices=None, **kwargs):
             if self.store is None or topk_indices is None:
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
-            impl = self.dsa_decode_impl
             self.store.fence_host()
-            loc = forward_batch.out_cache_loc
             if k is not None and save_kv_cache:
-                self.token_to_kv_pool.set_mla_kv_buffer(layer, loc, k, k_rope)
-            if q_rope is not None:
-                q_nope = q.view(-1, layer.tp_q_head_num, layer.v_head_dim)
-                q_rope = q_rope.view(q_nope.shape[0], layer.tp_q_head_num, layer.head_dim - layer.v_head_dim)
-                q_all = mod.concat_mla_absorb_q_general(q_nope, q_rope)
-            else:
-                q_all = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+                self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+            q_all = self._q_all(q, q_rope, layer)
             topk = self._pad_topk_indices(topk_indices, q_all.shape[0])
-            newest = self.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc.long()]   # zero-copy read
-            md = self.forward_metadata
-            reqs, seq_lens, r2t = (forward_batch.req_pool_indices.long(), forward_batch.seq_lens,
-                                   self.req_to_token_pool.req_to_token)
-            if impl not in SUPPORTED_DECODE_IMPLS:      # the Triton fallback: any GPU, split attention
-                from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
-
-                lay = self.store.latent_layout()
-                out = self.store.decode(id(forward_batch), layer.layer_id, q_all, reqs, seq_lens, topk, newest, r2t,
-                                        lambda qq, rows, sl: sparse_mla_decode_triton(qq, rows, sl, lay, layer.scaling))
-                return out.to(q_all.dtype)
-
-            def attend(qq, slot_rows, slots):
-                kv = self.store.as_kv_cache(slot_rows)
-                if impl == "flashmla_kv":
-                    out = self._forward_flashmla_kv(q_all=qq, kv_cache=kv, v_head_dim=layer.v_head_dim,
-                                                    sm_scale=layer.scaling, layer=layer, metadata=md,
-                                                    page_table_1=slots)
-                else:
-                    out = self._forward_flashmla_sparse(q_all=qq, kv_cache=kv, page_table_1=slots,
-                                                        sm_scale=layer.scaling, v_head_dim=layer.v_head_dim,
-                                                        topk_length=md.dsa_cache_seqlens_int32, attn_sink=None)
-                return out, None
-
-            return self.store.decode(id(forward_batch), layer.layer_id, q_all, reqs, seq_lens, topk, newest, r2t,
-                                     attend, single_call=True)
+            out = self._forward.decode(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk)
+            return out.view(q_all.shape[0], layer.tp_q_head_num, -1)     # [b, H, R], as SGLang's kernels return
 
     EssDeepseekSparseAttnBackend.__qualname__ = "EssDeepseekSparseAttnBackend"
     _cls = EssDeepseekSparseAttnBackend
     return _cls
+
+
+class _CudaKernels:
+    """store_forward.AttentionKernels on CUDA: SGLang's own prefill kernels over the full history
+    (the zero-copy view of the host pool), FlashMLA (or our Triton decode) over the slot space."""
+
+    def __init__(self, backend, base):
+        self.b = backend
+        self.base = base
+
+    @property
+    def single_call(self) -> bool:
+        return self.b.dsa_decode_impl in SUPPORTED_DECODE_IMPLS
+
+    def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx):
+        if token_idx is not None:
+            raise NotImplementedError("ESS on CUDA: a mixed chunked-prefill batch is not served yet; the launcher "
+                                      "refuses --enable-mixed-chunk with ESS on CUDA")
+        b = self.b
+        q_orig, v, q_rope, kwargs = b._call
+        topk = topk_pos
+        if b.use_fused_topk:
+            # SGLang's fused-top-k prefill reads the top-k as pool locations; the store's indexer
+            # hands over token positions (force_unfused_topk), so map them through req_to_token
+            r2t = b.req_to_token_pool.req_to_token
+            locs = r2t[tok_req[:, None], topk_pos.long().clamp(min=0)]
+            topk = torch.where(topk_pos >= 0, locs.to(topk_pos.dtype), torch.full_like(topk_pos, -1))
+        return self.base.forward_extend(b, q_orig, None, v, layer, forward_batch, False, q_rope=q_rope,
+                                        k_rope=None, topk_indices=topk, **kwargs)
+
+    def slots(self, q3, layer, slot_rows, slots):
+        b = self.b
+        impl = b.dsa_decode_impl
+        if impl not in SUPPORTED_DECODE_IMPLS:      # the Triton fallback: any GPU, split attention (LSE)
+            from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
+
+            return sparse_mla_decode_triton(q3, slot_rows, slots, b.store.latent_layout(), layer.scaling)
+        kv = b.store.as_kv_cache(slot_rows)
+        md = b.forward_metadata
+        if impl == "flashmla_kv":
+            out = b._forward_flashmla_kv(q_all=q3, kv_cache=kv, v_head_dim=layer.v_head_dim, sm_scale=layer.scaling,
+                                         layer=layer, metadata=md, page_table_1=slots)
+        else:
+            out = b._forward_flashmla_sparse(q_all=q3, kv_cache=kv, page_table_1=slots, sm_scale=layer.scaling,
+                                             v_head_dim=layer.v_head_dim, topk_length=md.dsa_cache_seqlens_int32,
+                                             attn_sink=None)
+        return out, None
+
+    def gathered(self, q, layer, rows, valid):
+        raise NotImplementedError("ESS on CUDA: MTP verify does not run through the store yet")
+
+    def newest(self, layer, loc):
+        return self.b.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc.long()]   # zero-copy read
 
 
 def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forward_batch, layer_id, *args, **kwargs):

@@ -17,7 +17,9 @@ accumulation, so DA's log-sum-exp merge rounds to the same bf16 output), so ESS 
 produce identical outputs.
 
 Torch path (CPU). On CUDA this backend is not used with ESS off (SGLang's ``dsa`` backend
-and kernels serve).
+and kernels serve). With ESS on, the request lifecycle (open, warm, reserve, plan, land, commit,
+verify) is store_forward.StoreForward, shared with the CUDA backend; this class supplies only
+its torch kernels (``prefill``, ``slots``, ``gathered``, ``newest``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sgl_ess.attention.reference import attend
 
 from .pool_adapter import EssPoolAdapter
-from .speculative import ROLE_DRAFT_DECODE, ROLE_TARGET, QueryLayout, num_draft_tokens, query_layout
+from .speculative import ROLE_DRAFT_DECODE, ROLE_TARGET
+from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
 
 
 ACC_DTYPE = torch.float64
@@ -64,21 +67,6 @@ def dense_topk_positions(seq_lens: list[int], n_q: list[int], device) -> torch.T
     return torch.where(pos[None, :] <= query_pos[:, None], pos[None, :], -1).to(torch.int32)
 
 
-def check_write_positions(loc: torch.Tensor, reqs: torch.Tensor, first_pos: torch.Tensor, n: int,
-                          req_to_token: torch.Tensor, what: str) -> None:
-    """The rows a forward writes (out_cache_loc, [b*n]) must be the locations of positions
-    first_pos .. first_pos + n - 1 of each request: otherwise the tokens being computed and the
-    cache indices the store reads are out of step (host sync: run once per forward)."""
-    pos = first_pos.to(torch.int64).reshape(-1, 1) + torch.arange(n, device=first_pos.device)
-    expect = req_to_token[reqs.reshape(-1, 1), pos.clamp(min=0)].reshape(-1).to(torch.int64)
-    got = loc.reshape(-1).to(torch.int64)
-    if got.shape != expect.shape or not torch.equal(got, expect):
-        raise RuntimeError(
-            f"ESS {what}: the forward writes token locations {got.tolist()[:8]} but positions "
-            f"{pos.reshape(-1).tolist()[:8]} of requests {reqs.tolist()[:8]} map to {expect.tolist()[:8]}: the "
-            "speculative tokens and the cache indices are out of step; refusing to read the wrong rows")
-
-
 class EssSparseAttnBackend(AttentionBackend):
     # Set by the EAGLE draft factory (speculative.py) on draft-runner backends.
     spec_role = ROLE_TARGET
@@ -95,6 +83,7 @@ class EssSparseAttnBackend(AttentionBackend):
         self.store = store
         self.forward_metadata = None
         self.micro_batch_base = 0        # 2 x the Two-Batch-Overlap child index (own ring groups)
+        self._store_forward: Optional[StoreForward] = None
 
     @property
     def accepts_early_plans(self) -> bool:
@@ -105,6 +94,8 @@ class EssSparseAttnBackend(AttentionBackend):
     # --- SGLang backend protocol -------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
         self.forward_metadata = None
+        if self._store_forward is not None:
+            self._store_forward._layout_of = None
         rng = getattr(forward_batch, "tbo_parent_token_range", None)
         if rng is not None:             # a Two-Batch-Overlap child: child 0 holds the first tokens
             self.micro_batch_base = 0 if rng[0] == 0 else 2
@@ -118,140 +109,57 @@ class EssSparseAttnBackend(AttentionBackend):
     def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
         return None                     # no tree mask or position buffers (chain drafts, topk 1)
 
-    def _layout(self, forward_batch) -> QueryLayout:
-        meta = self.forward_metadata
-        if meta is None or meta[0] is not forward_batch:
-            meta = (forward_batch, query_layout(forward_batch))
-            self.forward_metadata = meta
-        return meta[1]
+    @property
+    def _forward(self) -> StoreForward:
+        if self._store_forward is None:
+            self._store_forward = StoreForward(self.store, self.req_to_token_pool, self, self,
+                                               self.kv_lora_rank, self.rope_dim)
+        return self._store_forward
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
-        loc = forward_batch.out_cache_loc
-        if self.store is not None:
-            self.store.fence_host()
-        if save_kv_cache and k is not None:
-            self._save(layer, loc, k, v)
-        lay = self._layout(forward_batch)
-        if topk_indices is None:
-            topk_indices = dense_topk_positions(lay.kv_lens, lay.n_q, q.device)
-        mode = forward_batch.forward_mode
-        if self.store is not None and (mode.is_target_verify() or mode.is_draft_extend_v2()):
-            return self._speculative(q, layer, forward_batch, topk_indices, lay)
-        if self.store is not None and any(self._riding(forward_batch, lay)):
-            return self._mixed(q, layer, forward_batch, topk_indices, lay)
-        req_rows = forward_batch.req_pool_indices
-        tok_req = torch.repeat_interleave(req_rows.long(), torch.tensor(lay.n_q, device=req_rows.device))
-        out = self._attend(q, layer, topk_indices, tok_req, self._cache_rows(layer))
-        if self.store is not None:
-            self._after_prefill(layer, req_rows.tolist(), lay.kv_lens, lay.n_q, topk_indices)
-        return out
-
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
         loc = forward_batch.out_cache_loc
         if self.store is not None:
             self.store.fence_host()           # released rows are zeroed before anything rewrites them
         if save_kv_cache and k is not None:
             self._save(layer, loc, k, v)
-        seq_lens = forward_batch.seq_lens
         if topk_indices is None:
-            sl = seq_lens.tolist()
+            lay = self._forward.layout(forward_batch)
+            topk_indices = dense_topk_positions(lay.kv_lens, lay.n_q, q.device)
+        if self.store is not None:
+            return self._forward.extend(q, layer, forward_batch, topk_indices)
+        lay = self._forward.layout(forward_batch)
+        req_rows = forward_batch.req_pool_indices
+        tok_req = torch.repeat_interleave(req_rows.long(), torch.tensor(lay.n_q, device=req_rows.device))
+        return self.prefill(q, layer, forward_batch, topk_indices, tok_req, None)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
+        loc = forward_batch.out_cache_loc
+        if self.store is not None:
+            self.store.fence_host()
+        if save_kv_cache and k is not None:
+            self._save(layer, loc, k, v)
+        if topk_indices is None:
+            sl = forward_batch.seq_lens.tolist()
             topk_indices = dense_topk_positions(sl, [1] * len(sl), q.device)
-        req_rows = forward_batch.req_pool_indices.long()
         if self.store is None:
-            return self._attend(q, layer, topk_indices, req_rows, self._cache_rows(layer))
-        d = self.kv_lora_rank + self.rope_dim
-        q3 = q.reshape(-1, layer.tp_q_head_num, d)
-        attend = lambda qq, rows, slots: self._attend_rows(qq, layer, rows, slots)  # noqa: E731
-        if self.spec_role == ROLE_DRAFT_DECODE:
-            if layer.layer_id == 0:     # step i writes its (speculative) row at position seq_len + i
-                check_write_positions(loc, req_rows, seq_lens + self.speculative_step_id, 1,
-                                      self.req_to_token_pool.req_to_token, "EAGLE draft decode step")
-            out = self.store.decode_committed(layer.layer_id, q3, req_rows, seq_lens, topk_indices,
-                                              self.req_to_token_pool.req_to_token, attend,
-                                              max_admit=num_draft_tokens(forward_batch),
-                                              micro_batch_base=self.micro_batch_base)
-            return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
-        if layer.layer_id == 0:         # the newest row decode admits is the one just written
-            check_write_positions(loc, req_rows, seq_lens - 1, 1, self.req_to_token_pool.req_to_token, "decode")
-        if self.micro_batch_base and not self.store.early_parts(layer.layer_id, req_rows.numel()):
-            # a TBO child at level none (no indexer hand-off): plan now, in this child's ring groups
-            self.store.early_plan(id(forward_batch), layer.layer_id, req_rows, seq_lens, topk_indices,
-                                  self.req_to_token_pool.req_to_token, self.micro_batch_base)
-        # the newest row: exactly the bytes SGLang just stored in the host pool
-        newest = self._cache_rows(layer)[loc.long()]
-        out = self.store.decode(id(forward_batch), layer.layer_id, q3, req_rows, seq_lens, topk_indices, newest,
-                                self.req_to_token_pool.req_to_token, attend)
-        return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+            return self.prefill(q, layer, forward_batch, topk_indices, forward_batch.req_pool_indices.long(), None)
+        return self._forward.decode(q, layer, forward_batch, topk_indices)
 
-    # --- ESS on: speculative forwards, mixed batches, prefill bookkeeping ---------------------
-    def _speculative(self, q, layer, forward_batch, topk, lay: QueryLayout):
-        """TARGET_VERIFY / DRAFT_EXTEND_V2: each request's n query tokens sit at committed ..
-        committed + n - 1 (their rows were just written); one union set per request."""
-        n = lay.n_q[0] if lay.n_q else 0
-        if any(x != n for x in lay.n_q):
-            raise ValueError(f"{forward_batch.forward_mode.name}: expected the same number of query tokens per "
-                             f"request (num_draft_tokens), got {lay.n_q}")
-        reqs = forward_batch.req_pool_indices.long()
-        committed = torch.tensor(lay.committed, dtype=torch.int64, device=reqs.device)
-        r2t = self.req_to_token_pool.req_to_token
-        if layer.layer_id == 0:
-            check_write_positions(forward_batch.out_cache_loc, reqs, committed, n, r2t,
-                                  forward_batch.forward_mode.name)
-        topk3 = topk.reshape(reqs.numel(), n, topk.shape[-1])
-        return self.store.verify(layer.layer_id, reqs, committed, topk3, r2t,
-                                 lambda rows, valid: self._mla(q, layer, rows, valid),
-                                 micro_batch=self.micro_batch_base)
+    # --- kernels (store_forward.AttentionKernels): the torch path -----------------------------
+    single_call = False
 
-    def _riding(self, forward_batch, lay: QueryLayout) -> list[bool]:
-        """Per request of an extend batch: a running request riding in a mixed chunked-prefill
-        batch (one query token, hot buffer open). SGLang hands such batches to the backend as
-        EXTEND (or MIXED) with the running requests after the prefill rows."""
-        if forward_batch.forward_mode.is_target_verify() or forward_batch.forward_mode.is_draft_extend_v2():
-            return []
-        rows = forward_batch.req_pool_indices.tolist()
-        return [n == 1 and self.store.is_open(r) for n, r in zip(lay.n_q, rows)]
+    def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx):
+        return self._attend(q, layer, topk_pos, tok_req, self._cache_rows(layer))
 
-    def _mixed(self, q, layer, forward_batch, topk, lay: QueryLayout):
-        """A mixed chunked-prefill batch: prefill rows read the host pool and (re)open their hot
-        buffers; running requests riding along take the decode path, so their hot buffers and hit
-        rate are those of a pure decode step. (A last prefill chunk of one token also takes it:
-        exact as well, it just keeps the previous chunk's warm-up.)"""
-        rows = forward_batch.req_pool_indices.tolist()
-        dec = self._riding(forward_batch, lay)
-        first = [sum(lay.n_q[:i]) for i in range(len(rows))]
-        tok_req = torch.repeat_interleave(forward_batch.req_pool_indices.long(), torch.tensor(lay.n_q))
-        out = q.new_empty(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
-        pre_tok = torch.tensor([t for i, f in enumerate(first) if not dec[i] for t in range(f, f + lay.n_q[i])],
-                               dtype=torch.int64)
-        dec_idx = [i for i in range(len(rows)) if dec[i]]
-        if pre_tok.numel():
-            out[pre_tok] = self._attend(q[pre_tok], layer, topk[pre_tok], tok_req[pre_tok], self._cache_rows(layer))
-        if dec_idx:
-            if layer.layer_id == 0:
-                self.store.note_mixed_decode(len(dec_idx))
-            tok = torch.tensor([first[i] for i in dec_idx], dtype=torch.int64)
-            reqs = torch.tensor([rows[i] for i in dec_idx], dtype=torch.int64)
-            seq_lens = torch.tensor([lay.kv_lens[i] for i in dec_idx], dtype=torch.int64)
-            loc = forward_batch.out_cache_loc[tok]
-            if layer.layer_id == 0:
-                check_write_positions(loc, reqs, seq_lens - 1, 1, self.req_to_token_pool.req_to_token, "mixed decode")
-            d = self.kv_lora_rank + self.rope_dim
-            q3 = q[tok].reshape(-1, layer.tp_q_head_num, d)
-            newest = self._cache_rows(layer)[loc.long()]
-            o = self.store.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk[tok], newest,
-                                  self.req_to_token_pool.req_to_token,
-                                  lambda qq, r, s: self._attend_rows(qq, layer, r, s))
-            out[tok] = o.to(q.dtype).reshape(q3.shape[0], -1)
-        pre = [i for i in range(len(rows)) if not dec[i]]
-        if pre:
-            keep = torch.cat([torch.arange(first[i], first[i] + lay.n_q[i]) for i in pre])
-            self._after_prefill(layer, [rows[i] for i in pre], [lay.kv_lens[i] for i in pre],
-                                [lay.n_q[i] for i in pre], topk[keep])
-        return out
+    def slots(self, q3, layer, slot_rows, slots):
+        return self._attend_rows(q3, layer, slot_rows, slots)
 
-    def _after_prefill(self, layer, rows, seq_lens, n_q, topk):
-        self.store.after_extend(layer.layer_id, rows, seq_lens, n_q, topk, self.req_to_token_pool.req_to_token)
-        self.store.spec_reset(layer.layer_id, rows, seq_lens)
+    def gathered(self, q, layer, rows, valid):
+        return self._mla(q, layer, rows, valid)
+
+    def newest(self, layer, loc):
+        """The newest row: exactly the bytes SGLang just stored in the host pool."""
+        return self._cache_rows(layer)[loc.long()]
 
     # --- internals ---------------------------------------------------------------------
     def _save(self, layer, loc, k, v):

@@ -1,0 +1,203 @@
+"""One request lifecycle through the ESS store, for every forward mode, on every device.
+
+Both SGLang backends that serve ESS call this one class from the same seams: the CPU ``ess``
+backend (ess_backend.py) and the CUDA subclass of SGLang's DSA backend (cuda_backend.py). What
+differs by device is only the ``AttentionKernels`` they hand in (torch gathers on CPU; SGLang's
+FlashMLA / our Triton decode on CUDA); opening, warming, reserving, planning, landing, committing,
+verifying and closing hot buffers happen here, once.
+
+  extend (prefill chunk)   attention over the full history (kernels.prefill), then the request's
+                           hot buffers are (re)opened at layer 0 and warmed from the chunk's last
+                           W top-k sets (``EssPoolAdapter.after_extend``), speculative state reset
+  mixed chunked prefill    prefill rows as above; running requests riding along (one query, hot
+                           buffer open) take the decode path, so their hot buffers stay
+  target verify /          one union set per request through the hot buffer and ring
+  draft extend v2          (``EssPoolAdapter.verify``)
+  decode                   reserve the newest row, plan, land, attend over the slot space, commit
+                           (``EssPoolAdapter.decode``); an EAGLE draft step reads committed rows only
+The store's own fence (``fence_host``) runs before any forward writes a row. Memory: none of its
+own; tensors belong to SGLang's pools and the store. No sglang import: forward batches are read
+through their attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .speculative import ROLE_DRAFT_DECODE, QueryLayout, num_draft_tokens, query_layout
+
+
+class AttentionKernels(Protocol):
+    """The device part of a backend. Shapes: T query tokens, H heads, D = R + P latent width."""
+
+    single_call: bool   # `slots` must see the whole batch in one call and returns no log-sum-exp
+
+    def prefill(self, q, layer, forward_batch, topk_pos: torch.Tensor, tok_req: torch.Tensor,
+                token_idx: torch.Tensor | None) -> torch.Tensor:
+        """Attention of prefill queries over the full history. q [T', H*D] (the rows `token_idx`
+        of the batch, None = all); topk_pos int [T', k] positions (-1 padded); tok_req int64 [T']
+        request rows. Returns [T', H*R]."""
+
+    def slots(self, q3, layer, slot_rows: torch.Tensor, slots: torch.Tensor):
+        """q3 [b, H, D]; slot_rows uint8 [S, row_bytes]; slots int32 [b, k] (-1 excluded) ->
+        (out [b, H, R], lse [b, H] or None)."""
+
+    def gathered(self, q, layer, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """MLA over gathered latent rows: rows [T, k, D], valid [T, k] -> [T, H*R]."""
+
+    def newest(self, layer, loc: torch.Tensor) -> torch.Tensor:
+        """The latent rows SGLang just stored at locations `loc` [b] -> [b, D] (cache dtype)."""
+
+
+def check_write_positions(loc: torch.Tensor, reqs: torch.Tensor, first_pos: torch.Tensor, n: int,
+                          req_to_token: torch.Tensor, what: str) -> None:
+    """The rows a forward writes (out_cache_loc, [b*n]) must be the locations of positions
+    first_pos .. first_pos + n - 1 of each request: otherwise the tokens being computed and the
+    cache indices the store reads are out of step (host sync: run once per forward)."""
+    pos = first_pos.to(torch.int64).reshape(-1, 1) + torch.arange(n, device=first_pos.device)
+    expect = req_to_token[reqs.reshape(-1, 1), pos.clamp(min=0)].reshape(-1).to(torch.int64)
+    got = loc.reshape(-1).to(torch.int64)
+    if got.shape != expect.shape or not torch.equal(got, expect):
+        raise RuntimeError(
+            f"ESS {what}: the forward writes token locations {got.tolist()[:8]} but positions "
+            f"{pos.reshape(-1).tolist()[:8]} of requests {reqs.tolist()[:8]} map to {expect.tolist()[:8]}: the "
+            "speculative tokens and the cache indices are out of step; refusing to read the wrong rows")
+
+
+class StoreForward:
+    """The lifecycle of one backend instance. `backend` carries the per-instance roles SGLang's
+    factories set after construction: ``spec_role``, ``speculative_step_id``, ``micro_batch_base``."""
+
+    def __init__(self, store, req_to_token_pool, kernels: AttentionKernels, backend, kv_lora_rank: int,
+                 rope_dim: int):
+        self.store = store
+        self.req_to_token_pool = req_to_token_pool
+        self.kernels = kernels
+        self.backend = backend
+        self.kv_lora_rank = kv_lora_rank
+        self.rope_dim = rope_dim
+        self._layout_of = None
+
+    @property
+    def r2t(self) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token
+
+    def layout(self, forward_batch) -> QueryLayout:
+        cached = self._layout_of
+        if cached is None or cached[0] is not forward_batch:
+            cached = (forward_batch, query_layout(forward_batch))
+            self._layout_of = cached
+        return cached[1]
+
+    # --- extend ------------------------------------------------------------------------------
+    def extend(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
+        """Any EXTEND-family forward. q [T, H*D]; topk int [T, k] positions. Returns [T, H*R]."""
+        lay = self.layout(forward_batch)
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify() or mode.is_draft_extend_v2():
+            return self.speculative(q, layer, forward_batch, topk, lay)
+        if any(self.riding(forward_batch, lay)):
+            return self.mixed(q, layer, forward_batch, topk, lay)
+        reqs = forward_batch.req_pool_indices
+        tok_req = torch.repeat_interleave(reqs.long(), torch.tensor(lay.n_q, device=reqs.device))
+        out = self.kernels.prefill(q, layer, forward_batch, topk, tok_req, None)
+        self.after_prefill(layer, reqs.tolist(), lay.kv_lens, lay.n_q, topk)
+        return out
+
+    def speculative(self, q, layer, forward_batch, topk, lay: QueryLayout):
+        """TARGET_VERIFY / DRAFT_EXTEND_V2: each request's n query tokens sit at committed ..
+        committed + n - 1 (their rows were just written); one union set per request."""
+        n = lay.n_q[0] if lay.n_q else 0
+        if any(x != n for x in lay.n_q):
+            raise ValueError(f"{forward_batch.forward_mode.name}: expected the same number of query tokens per "
+                             f"request (num_draft_tokens), got {lay.n_q}")
+        reqs = forward_batch.req_pool_indices.long()
+        committed = torch.tensor(lay.committed, dtype=torch.int64, device=reqs.device)
+        if layer.layer_id == 0:
+            check_write_positions(forward_batch.out_cache_loc, reqs, committed, n, self.r2t,
+                                  forward_batch.forward_mode.name)
+        topk3 = topk.reshape(reqs.numel(), n, topk.shape[-1])
+        return self.store.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
+                                 lambda rows, valid: self.kernels.gathered(q, layer, rows, valid),
+                                 micro_batch=self.backend.micro_batch_base)
+
+    def riding(self, forward_batch, lay: QueryLayout) -> list[bool]:
+        """Per request of an extend batch: a running request riding in a mixed chunked-prefill
+        batch (one query token, hot buffer open). SGLang hands such batches to the backend as
+        EXTEND (or MIXED) with the running requests after the prefill rows."""
+        if forward_batch.forward_mode.is_target_verify() or forward_batch.forward_mode.is_draft_extend_v2():
+            return []
+        rows = forward_batch.req_pool_indices.tolist()
+        return [n == 1 and self.store.is_open(r) for n, r in zip(lay.n_q, rows)]
+
+    def mixed(self, q, layer, forward_batch, topk, lay: QueryLayout):
+        """A mixed chunked-prefill batch: prefill rows read the full history and (re)open their hot
+        buffers; running requests riding along take the decode path, so their hot buffers and hit
+        rate are those of a pure decode step."""
+        rows = forward_batch.req_pool_indices.tolist()
+        dec = self.riding(forward_batch, lay)
+        first = [sum(lay.n_q[:i]) for i in range(len(rows))]
+        tok_req = torch.repeat_interleave(forward_batch.req_pool_indices.long(), torch.tensor(lay.n_q))
+        out = q.new_empty(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+        pre_tok = torch.tensor([t for i, f in enumerate(first) if not dec[i] for t in range(f, f + lay.n_q[i])],
+                               dtype=torch.int64)
+        dec_idx = [i for i in range(len(rows)) if dec[i]]
+        if pre_tok.numel():
+            out[pre_tok] = self.kernels.prefill(q[pre_tok], layer, forward_batch, topk[pre_tok], tok_req[pre_tok],
+                                                pre_tok)
+        if dec_idx:
+            if layer.layer_id == 0:
+                self.store.note_mixed_decode(len(dec_idx))
+            tok = torch.tensor([first[i] for i in dec_idx], dtype=torch.int64)
+            reqs = torch.tensor([rows[i] for i in dec_idx], dtype=torch.int64)
+            seq_lens = torch.tensor([lay.kv_lens[i] for i in dec_idx], dtype=torch.int64)
+            loc = forward_batch.out_cache_loc[tok]
+            if layer.layer_id == 0:
+                check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "mixed decode")
+            q3 = q[tok].reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
+            o = self.store.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk[tok],
+                                  self.kernels.newest(layer, loc), self.r2t,
+                                  lambda qq, r, s: self.kernels.slots(qq, layer, r, s),
+                                  single_call=self.kernels.single_call)
+            out[tok] = o.to(q.dtype).reshape(q3.shape[0], -1)
+        pre = [i for i in range(len(rows)) if not dec[i]]
+        if pre:
+            keep = torch.cat([torch.arange(first[i], first[i] + lay.n_q[i]) for i in pre])
+            self.after_prefill(layer, [rows[i] for i in pre], [lay.kv_lens[i] for i in pre],
+                               [lay.n_q[i] for i in pre], topk[keep])
+        return out
+
+    def after_prefill(self, layer, rows, seq_lens, n_q, topk):
+        self.store.after_extend(layer.layer_id, rows, seq_lens, n_q, topk, self.r2t)
+        self.store.spec_reset(layer.layer_id, rows, seq_lens)
+
+    # --- decode ------------------------------------------------------------------------------
+    def decode(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
+        """A DECODE forward (also an EAGLE draft step). q [b, H*D]; topk int [b, k]. Returns
+        [b, H*R] in q's dtype."""
+        loc = forward_batch.out_cache_loc
+        seq_lens = forward_batch.seq_lens
+        reqs = forward_batch.req_pool_indices.long()
+        q3 = q.reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
+        attend = lambda qq, rows, slots: self.kernels.slots(qq, layer, rows, slots)  # noqa: E731
+        b = self.backend
+        if b.spec_role == ROLE_DRAFT_DECODE:
+            if layer.layer_id == 0:     # step i writes its (speculative) row at position seq_len + i
+                check_write_positions(loc, reqs, seq_lens + b.speculative_step_id, 1, self.r2t,
+                                      "EAGLE draft decode step")
+            out = self.store.decode_committed(layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
+                                              max_admit=num_draft_tokens(forward_batch),
+                                              micro_batch_base=b.micro_batch_base)
+            return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+        if layer.layer_id == 0:         # the newest row decode admits is the one just written
+            check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode")
+        if b.micro_batch_base and not self.store.early_parts(layer.layer_id, reqs.numel()):
+            # a TBO child at level none (no indexer hand-off): plan now, in this child's ring groups
+            self.store.early_plan(id(forward_batch), layer.layer_id, reqs, seq_lens, topk, self.r2t,
+                                  b.micro_batch_base)
+        out = self.store.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
+                                self.kernels.newest(layer, loc), self.r2t, attend,
+                                single_call=self.kernels.single_call)
+        return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)

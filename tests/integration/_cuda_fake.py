@@ -1,0 +1,124 @@
+"""GPU fakes for SGLang's CUDA DSA backend: build ``EssDeepseekSparseAttnBackend`` (cuda_backend.py),
+the class that ships on a GPU, on this CPU, with only its device kernels swapped for torch
+references. Nothing here runs a GPU kernel; what runs is SGLang's own DSA backend code (metadata,
+extend path, page-table handling) and our subclass, store and lifecycle.
+
+Swapped (and nothing else):
+  * FlashMLA (``sglang.kernels.ops.attention.flash_mla_interface``: ``get_mla_metadata``,
+    ``flash_mla_with_kvcache``, ``flash_mla_sparse_fwd``) -> ``ref_sparse_mla`` (torch, fp32);
+  * ``dsa_backend.quantize_k_cache`` -> identity (the fake pool holds BF16 rows, not FP8);
+  * ``torch.cuda.get_device_capability`` -> (9, 0) (an H200), and the top-k v2 planner off
+    (``SGLANG_OPT_USE_TOPK_V2=0``: it JIT-compiles CUDA).
+The runner is tests/integration/_fake_runner.py's, plus the attributes SGLang's DSA backend reads.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from types import SimpleNamespace
+
+import torch
+
+from . import _fake_runner as fr
+
+FLASH_MLA_MODULE = "sglang.kernels.ops.attention.flash_mla_interface"
+
+
+def ref_sparse_mla(q, kv_rows, idx, scale, dv, topk_length=None):
+    """q [s, H, D]; kv_rows [N, D]; idx [s, k] (-1 masked) -> (out [s, H, dv] fp32, lse [s, H])."""
+    valid = idx >= 0
+    if topk_length is not None:
+        valid = valid & (torch.arange(idx.shape[1])[None, :] < topk_length[:, None])
+    rows = kv_rows[idx.long().clamp(min=0)].float()
+    logits = torch.einsum("shd,skd->shk", q.float(), rows) * scale
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(logits, -1)
+    p = torch.softmax(logits, -1).nan_to_num(0.0)
+    return torch.einsum("shk,skd->shd", p, rows[..., :dv]), lse
+
+
+def flash_mla_stub() -> types.ModuleType:
+    m = types.ModuleType(FLASH_MLA_MODULE)
+    m.calls = []
+
+    def get_mla_metadata(cache_seqlens, *args, **kwargs):
+        m.calls.append("get_mla_metadata")
+        return ("tile-scheduler", cache_seqlens.clone()), None
+
+    def flash_mla_with_kvcache(q, k_cache, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                               softmax_scale, indices, block_table, is_fp8_kvcache, kv_format):
+        m.calls.append("flash_mla_with_kvcache")
+        b, sq, h, d = q.shape
+        o, lse = ref_sparse_mla(q.reshape(b * sq, h, d), k_cache.reshape(-1, k_cache.shape[-1]),
+                                indices.reshape(b * sq, -1), softmax_scale, head_dim_v)
+        return o.to(q.dtype).view(b, sq, h, head_dim_v), lse
+
+    def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink=None, topk_length=None):
+        m.calls.append("flash_mla_sparse_fwd")
+        o, lse = ref_sparse_mla(q, kv.reshape(kv.shape[0], -1), indices[:, 0], sm_scale, d_v, topk_length)
+        return o.to(q.dtype), lse, lse
+
+    m.get_mla_metadata, m.flash_mla_with_kvcache, m.flash_mla_sparse_fwd = (
+        get_mla_metadata, flash_mla_with_kvcache, flash_mla_sparse_fwd)
+    return m
+
+
+def install_gpu_fakes(monkeypatch, decode_impl: str = "flashmla_kv", prefill_impl: str = "flashmla_sparse"):
+    """Swap the device kernels and publish the server args SGLang's DSA backend reads. Returns the
+    FlashMLA stub (its ``calls`` list says which kernels ran)."""
+    from sglang.srt.layers.attention import dsa_backend as mod
+    from sglang.srt.runtime_context import get_context
+
+    stub = flash_mla_stub()
+    monkeypatch.setitem(sys.modules, FLASH_MLA_MODULE, stub)
+    monkeypatch.setattr(mod, "quantize_k_cache", lambda kv, dv=None: kv)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    monkeypatch.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
+    ov = get_context().override_server_args(dsa_decode_backend=decode_impl, dsa_prefill_backend=prefill_impl)
+    ov.install()
+    return stub, ov
+
+
+def cuda_runner(req_pool, allocator, layers: int):
+    """_fake_runner's runner plus what DeepseekSparseAttnBackend.__init__ reads."""
+    runner = fr.fake_runner(req_pool, allocator, layers)
+    runner.page_size = fr.PAGE
+    runner.is_draft_worker = False
+    runner.hisparse_coordinator = None
+    runner.kv_cache_dtype = fr.DTYPE
+    mc = runner.model_config
+    mc.hf_config.architectures = ["DeepseekV32ForCausalLM"]
+    mc.context_len = req_pool.req_to_token.shape[1]
+    mc.num_attention_heads = fr.HEADS
+    mc.qk_nope_head_dim = fr.KV_LORA
+    runner.token_to_kv_pool.dsa_kv_cache_store_fp8 = False
+    runner.token_to_kv_pool.dtype = fr.DTYPE
+    return runner
+
+
+def cuda_layer(i: int):
+    return SimpleNamespace(layer_id=i, tp_q_head_num=fr.HEADS, tp_k_head_num=1, scaling=fr.KV_DIM ** -0.5,
+                           is_cross_attention=False, v_head_dim=fr.KV_LORA, head_dim=fr.KV_DIM, logit_cap=0.0)
+
+
+def cuda_batch(mode: str, reqs, seq_lens, loc, extend_lens=None, prefix_lens=None):
+    fb = fr.forward_batch(mode, reqs, seq_lens, loc, extend_lens=extend_lens)
+    fb.seq_lens_sum = int(fb.seq_lens.sum())
+    fb.extend_prefix_lens_cpu = prefix_lens
+    fb.global_num_tokens_cpu = None
+    fb.attn_cp_metadata = None
+    fb.encoder_out_cache_loc = None
+    if extend_lens is not None:
+        fb.extend_seq_lens = torch.tensor(extend_lens, dtype=torch.int32)
+    return fb
+
+
+def reference(runner, layer_id: int, q, reqs_per_token: torch.Tensor, topk_pos: torch.Tensor) -> torch.Tensor:
+    """Dense truth: the rows of each query's top-k positions, read through req_to_token from the
+    full history. q [T, H*D] -> [T, H, R] fp32."""
+    r2t = runner.req_to_token_pool.req_to_token
+    locs = torch.where(topk_pos >= 0, r2t[reqs_per_token[:, None], topk_pos.long().clamp(min=0)].long(), -1)
+    kv = runner.token_to_kv_pool.get_key_buffer(layer_id).reshape(-1, fr.KV_DIM)
+    out, _ = ref_sparse_mla(q.view(-1, fr.HEADS, fr.KV_DIM), kv, locs, fr.KV_DIM ** -0.5, fr.KV_LORA)
+    return out

@@ -1,0 +1,120 @@
+"""GPU fake (issue 16): the CUDA backend class that ships on a GPU (cuda_backend.py's subclass of
+SGLang's DSA backend), run on this CPU with FlashMLA swapped for a torch reference
+(tests/integration/_cuda_fake.py). Each test failed on the main of 2026-12-01:
+
+  * a prefill through it opened no hot buffer, so the first decode failed with "request index 1
+    has no open hot buffer" -- and a reused request row kept the previous request's slot map and
+    LRU order, so attention read another request's latent rows;
+  * its prefill attention read the indexer's token positions as pool locations (wrong rows).
+Outputs are compared with a dense torch reference over the true rows; the bound is one BF16
+rounding of the output (the stub computes in fp32 and rounds once to the cache dtype).
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sgl_ess.integration.sglang.cuda_backend import backend_class  # noqa: E402
+
+from . import _fake_runner as fr  # noqa: E402
+from ._cuda_fake import cuda_batch, cuda_layer, cuda_runner, install_gpu_fakes, reference  # noqa: E402
+from ._spec_fixtures import ess_env  # noqa: E402,F401
+
+LAYERS, CHUNK = 2, 16
+BF16_ULP = 2.0 ** -8                 # relative spacing of bfloat16 (8 significant bits)
+
+
+@pytest.fixture(params=["flashmla_kv", "flashmla_sparse"])
+def gpu_fake(request, ess_env, monkeypatch):
+    from sglang.srt.runtime_context import get_parallel
+
+    ess_env(hot_slots_per_request=24)
+    stub, ov = install_gpu_fakes(monkeypatch, decode_impl=request.param)
+    with get_parallel().override(attn_dcp_rank=0):
+        req_pool, alloc = fr.shared_pools()
+        runner = cuda_runner(req_pool, alloc, LAYERS)
+        backend = backend_class()(runner)
+        assert backend.store is not None and backend.dsa_decode_impl == request.param
+        yield backend, runner, stub
+    ov.restore()
+
+
+def _bound(out_ref: torch.Tensor) -> float:
+    return float(out_ref.abs().max()) * BF16_ULP + 1e-6
+
+
+def _prefill(backend, runner, rows, prompts, gen):
+    """The last CHUNK tokens of each prompt as one extend batch through the CUDA backend."""
+    r2t = runner.req_to_token_pool.req_to_token
+    fb = cuda_batch("EXTEND", rows, prompts, torch.cat([r2t[r, p - CHUNK:p] for r, p in zip(rows, prompts)]),
+                    extend_lens=[CHUNK] * len(rows), prefix_lens=[p - CHUNK for p in prompts])
+    backend.init_forward_metadata(fb)
+    qpos = [p - CHUNK + j for p in prompts for j in range(CHUNK)]
+    tok_req = torch.repeat_interleave(torch.tensor(rows), CHUNK)
+    errs = []
+    for li in range(LAYERS):
+        topk = fr.causal_topk(gen, qpos)
+        q = fr.query(gen, len(qpos))
+        out = backend.forward_extend(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
+        want = reference(runner, li, q, tok_req, topk)
+        errs.append((float((out.float().view_as(want) - want).abs().max()), _bound(want)))
+    return errs
+
+
+def _decode(backend, runner, rows, seq, gen):
+    r2t = runner.req_to_token_pool.req_to_token
+    loc = torch.stack([r2t[r, s - 1] for r, s in zip(rows, seq)]).long()
+    fb = cuda_batch("DECODE", rows, seq, loc)
+    backend.init_forward_metadata(fb)
+    errs = []
+    for li in range(LAYERS):
+        topk = fr.causal_topk(gen, [s - 1 for s in seq])
+        q = fr.query(gen, len(rows))
+        out = backend.forward_decode(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
+        want = reference(runner, li, q, torch.tensor(rows), topk)
+        errs.append((float((out.float().reshape(want.shape) - want).abs().max()), _bound(want)))
+    return errs
+
+
+def _write(runner, rows, lengths, gen):
+    r2t = runner.req_to_token_pool.req_to_token
+    for li in range(LAYERS):
+        for r, n in zip(rows, lengths):
+            fr.write_rows(runner, li, r2t[r, :n], gen)
+
+
+def test_gpu_fake_prefill_reads_the_right_rows_and_opens_warm_hot_buffers(gpu_fake):
+    backend, runner, stub = gpu_fake
+    gen = torch.Generator().manual_seed(11)
+    rows, prompts = [1, 2], [150, 90]
+    fr.place_requests(runner.req_to_token_pool, rows, [p + 3 for p in prompts])
+    _write(runner, rows, [p + 3 for p in prompts], gen)
+    for err, bound in _prefill(backend, runner, rows, prompts, gen):
+        assert err <= bound, f"prefill attention differs from the reference by {err:.3g} (bound {bound:.3g})"
+    store = backend.store.store
+    store.engine.drain()
+    assert all(bool(store.hot.is_open[r]) for r in rows), "prefill on CUDA opened no hot buffer"
+    assert int(store.counters.warmup_rows.sum()) > 0, "prefill on CUDA warmed nothing"
+    for step in range(3):
+        for err, bound in _decode(backend, runner, rows, [p + 1 + step for p in prompts], gen):
+            assert err <= bound, f"decode step {step}: {err:.3g} from the reference (bound {bound:.3g})"
+    assert "flash_mla_sparse_fwd" in stub.calls
+
+
+def test_gpu_fake_reused_request_row_never_reads_the_previous_requests_rows(gpu_fake):
+    backend, runner, _ = gpu_fake
+    gen = torch.Generator().manual_seed(12)
+    row, first, second = 1, 200, 120
+    fr.place_requests(runner.req_to_token_pool, [row], [first + 3])
+    _write(runner, [row], [first + 3], gen)
+    _prefill(backend, runner, [row], [first], gen)
+    for step in range(2):
+        _decode(backend, runner, [row], [first + 1 + step], gen)
+    backend.store.close_rows([row])                      # what SGLang's ReqToTokenPool.free_rows hook does
+    fr.place_requests(runner.req_to_token_pool, [row], [second + 3], first_loc=fr.PAGE + 4096 // 2)
+    _write(runner, [row], [second + 3], gen)             # a new request in the same row, other rows
+    _prefill(backend, runner, [row], [second], gen)
+    for step in range(3):
+        for err, bound in _decode(backend, runner, [row], [second + 1 + step], gen):
+            assert err <= bound, f"second request, decode step {step}: {err:.3g} from its own rows' reference"

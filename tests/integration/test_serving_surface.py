@@ -42,7 +42,7 @@ def keyed(tmp_path_factory):
     srv = _start("keyed", ["--api-key", USER_KEY, "--admin-api-key", ADMIN_KEY, "--guard-operator-output-dir",
                            str(out), "--ess-hot-slots-per-request", "40", "--max-running-requests", "8",
                            "--max-total-tokens", "8192", "--ess-spec-slots", "64",
-                           "--ess-speculative-prefetch", "next_layer"],
+                           "--ess-speculative-prefetch", "next_layer", "--guard-enable-blocking-routes", "true"],
                  admin_key=None)
     srv.admin_key = ADMIN_KEY
     srv.out_dir = str(out)
@@ -111,6 +111,18 @@ def test_weight_update_group_is_off_and_cannot_wedge_the_scheduler(server_ops):
     st, _ = call(server_ops.base, "/health", timeout=30)
     assert st == 200
     probe(server_ops.base)
+
+
+def test_enabled_blocking_route_checks_the_peer_first(keyed):
+    """With --guard-enable-blocking-routes the route takes the admin key only, and a peer that
+    accepts no connection is refused before the scheduler is asked to wait for it."""
+    body = {"master_address": "127.0.0.1", "master_port": 9, "rank_offset": 1, "world_size": 2}
+    st, _ = call(keyed.base, "/init_weights_update_group", body, headers={"Authorization": f"Bearer {USER_KEY}"})
+    assert st == 401
+    st, text = call(keyed.base, "/init_weights_update_group", body, timeout=60,
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert st == 400 and "nothing accepts connections at 127.0.0.1:9" in text, f"{st}: {text[:300]}"
+    assert _probe_ids(keyed.base, {"Authorization": f"Bearer {USER_KEY}"})
 
 
 # --- finding 3: the operator surface was open by default --------------------------------------------

@@ -333,6 +333,12 @@ class EssPoolAdapter:
             self.store.shutdown()
 
     def usage(self) -> dict:
+        """A snapshot of the store (taken under the adapter's lock: the metrics thread calls this
+        while the scheduler thread plans and commits)."""
+        with self._lock:
+            return self._usage()
+
+    def _usage(self) -> dict:
         # SGLang's allocator hands out the host locations: its used size is the host usage.
         used = None if self.allocator is None else int(self.allocator.size - self.allocator.available_size())
         u = dict(self.store.usage(host_tokens_used=used))

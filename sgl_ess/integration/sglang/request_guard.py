@@ -21,7 +21,7 @@ from sgl_ess.serving.ops_config import OpsConfig
 from sgl_ess.serving.request_rules import GUARDED_PATHS, Refusal, ServingFacts, check
 from sgl_ess.serving.sanitize import error_body, scrub
 
-from .route_guard import JSON_KEY
+from .route_guard import JSON_KEY, read_body, replaying
 
 logger = logging.getLogger("sgl_ess.guard")
 
@@ -128,7 +128,8 @@ class RequestGuardMiddleware:
             if JSON_KEY in scope:
                 refusal = self._check_data(path, scope[JSON_KEY])
             else:
-                body, receive = await _buffer_body(receive)
+                body = await read_body(receive, 1 << 62)     # installed without the route guard only
+                receive = replaying(body, receive)
                 refusal = self._check(path, body)
             if refusal is not None:
                 logger.info("guard: %d %s %s", refusal.status, path, refusal.message)
@@ -151,29 +152,6 @@ class RequestGuardMiddleware:
         if facts is None:
             return None
         return check(path, data, self.ops, facts)
-
-
-async def _buffer_body(receive):
-    """Read the whole request body; return it and a `receive` that replays it first."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    body = b"".join(chunks)
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return body, replay
 
 
 def install(ops: OpsConfig) -> None:

@@ -92,8 +92,15 @@ def cuda_runner(req_pool, allocator, layers: int):
     mc.context_len = req_pool.req_to_token.shape[1]
     mc.num_attention_heads = fr.HEADS
     mc.qk_nope_head_dim = fr.KV_LORA
-    runner.token_to_kv_pool.dsa_kv_cache_store_fp8 = False
-    runner.token_to_kv_pool.dtype = fr.DTYPE
+    pool = runner.token_to_kv_pool
+    pool.dsa_kv_cache_store_fp8 = False
+    pool.dtype = fr.DTYPE
+
+    def set_mla_kv_buffer(layer, loc, k_nope, k_rope):
+        """SGLang's writer: one packed row (nope ++ rope) per token, into the host-backed buffer."""
+        row = torch.cat([k_nope.reshape(-1, fr.KV_LORA), k_rope.reshape(-1, fr.ROPE)], dim=-1)
+        pool.kv_buffer[layer.layer_id][loc.long(), 0] = row.to(fr.DTYPE)
+    pool.set_mla_kv_buffer = set_mla_kv_buffer
     return runner
 
 

@@ -5,7 +5,9 @@ SGLang's DSA backend), run on this CPU with FlashMLA swapped for a torch referen
   * a prefill through it opened no hot buffer, so the first decode failed with "request index 1
     has no open hot buffer" -- and a reused request row kept the previous request's slot map and
     LRU order, so attention read another request's latent rows;
-  * its prefill attention read the indexer's token positions as pool locations (wrong rows).
+  * its prefill attention read the indexer's token positions as pool locations (wrong rows);
+  * its prefill did not wait for the zeroing of released host rows, so with an engine that
+    completes late the zeroing landed after SGLang wrote the new request's rows.
 Outputs are compared with a dense torch reference over the true rows; the bound is one BF16
 rounding of the output (the stub computes in fp32 and rounds once to the cache dtype).
 """
@@ -118,3 +120,55 @@ def test_gpu_fake_reused_request_row_never_reads_the_previous_requests_rows(gpu_
     for step in range(3):
         for err, bound in _decode(backend, runner, [row], [second + 1 + step], gen):
             assert err <= bound, f"second request, decode step {step}: {err:.3g} from its own rows' reference"
+
+
+def test_gpu_fake_prefill_writes_land_after_the_zeroing_of_released_rows(gpu_fake):
+    """Defect 2: released rows are zeroed by a background plan; a new prefill writing the same
+    locations must be ordered after it (``fence_host``) on an engine that completes late."""
+    from tests.engine_doubles import LateOutOfOrderEngine
+
+    backend, runner, _ = gpu_fake
+    store = backend.store.store
+    store.engine = LateOutOfOrderEngine(store.memory)
+    gen = torch.Generator().manual_seed(13)
+    row, prompt = 1, 100
+    fr.place_requests(runner.req_to_token_pool, [row], [prompt])
+    _write(runner, [row], [prompt], gen)
+    r2t = runner.req_to_token_pool.req_to_token
+    backend.store.clear_locs(r2t[row, :prompt].long())          # an earlier request's rows were released
+    loc = r2t[row, prompt - CHUNK:prompt].long()
+    fb = cuda_batch("EXTEND", [row], [prompt], loc, extend_lens=[CHUNK], prefix_lens=[prompt - CHUNK])
+    backend.init_forward_metadata(fb)
+    k_nope = torch.randn(CHUNK, 1, fr.KV_LORA, generator=gen).to(fr.DTYPE)
+    k_rope = torch.randn(CHUNK, 1, fr.ROPE, generator=gen).to(fr.DTYPE)
+    qpos = list(range(prompt - CHUNK, prompt))
+    backend.forward_extend(fr.query(gen, CHUNK), k_nope, k_nope, cuda_layer(0), fb, save_kv_cache=True,
+                           k_rope=k_rope, topk_indices=fr.causal_topk(gen, qpos))
+    store.engine.drain()
+    got = runner.token_to_kv_pool.kv_buffer[0][loc, 0]
+    want = torch.cat([k_nope.reshape(CHUNK, -1), k_rope.reshape(CHUNK, -1)], dim=-1)
+    assert torch.equal(got, want), "the zeroing of released rows landed after the new prefill wrote its rows"
+
+
+def test_gpu_fake_tbo_child_plans_in_its_own_ring_groups(gpu_fake, monkeypatch):
+    """Defect 7: the CUDA indexer hook handed every decode plan to micro-batch 0, so the two
+    Two-Batch-Overlap children shared ring groups. The second child's plans use base 2."""
+    from sglang.srt.model_executor import forward_context
+
+    from sgl_ess.integration.sglang import cuda_backend
+
+    backend, runner, _ = gpu_fake
+    r2t = runner.req_to_token_pool.req_to_token
+    fr.place_requests(runner.req_to_token_pool, [1, 2], [120, 120])
+    fb = cuda_batch("DECODE", [2], [100], r2t[2, 99:100])
+    fb.tbo_parent_token_range = (1, 2)                # the second child of a two-request batch
+    backend.init_forward_metadata(fb)
+    assert backend.micro_batch_base == 2
+    seen = []
+    monkeypatch.setattr(backend.store, "mode", lambda layer_id: "da")
+    monkeypatch.setattr(backend.store, "early_plan", lambda *a: seen.append(a[-1]))
+    monkeypatch.setattr(forward_context, "get_attn_backend", lambda: backend)
+    monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: runner.req_to_token_pool)
+    topk = fr.causal_topk(torch.Generator().manual_seed(1), [99])
+    cuda_backend._around_indexer_forward_cuda(lambda *a, **k: topk, None, None, None, None, fb, 0)
+    assert seen == [2], f"the TBO child's plan went to micro-batch base {seen}"

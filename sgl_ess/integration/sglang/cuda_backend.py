@@ -72,6 +72,9 @@ def backend_class():
             super().init_forward_metadata(forward_batch)
             if self._forward is not None:
                 self._forward._layout_of = None
+            rng = getattr(forward_batch, "tbo_parent_token_range", None)
+            if rng is not None:         # a Two-Batch-Overlap child: its own ring groups (as on CPU)
+                self.micro_batch_base = 0 if rng[0] == 0 else 2
 
         def get_indexer_metadata(self, layer_id, forward_batch):
             md = super().get_indexer_metadata(layer_id, forward_batch)
@@ -181,13 +184,15 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
     if out is not None and forward_batch.forward_mode.is_decode():
         from sglang.srt.model_executor.forward_context import get_attn_backend
 
-        store = getattr(get_attn_backend(), "store", None)
+        backend = get_attn_backend()
+        store = getattr(backend, "store", None)
         if store is not None and store.mode(layer_id) != "none":
             from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
             b = forward_batch.batch_size
             store.early_plan(id(forward_batch), layer_id, forward_batch.req_pool_indices[:b].long(),
-                             forward_batch.seq_lens[:b], out[:b], get_req_to_token_pool().req_to_token, 0)
+                             forward_batch.seq_lens[:b], out[:b], get_req_to_token_pool().req_to_token,
+                             getattr(backend, "micro_batch_base", 0))   # TBO children: their own ring groups
     return out
 
 

@@ -2,43 +2,14 @@
 first), a background warmup still in flight must land before `reserve` hands one of its slots to
 the newest token -- else the warmup's copy overwrites the newest row after the caller wrote it.
 
-The engine double below is the store's stand-in for an asynchronous engine (the prefetch worker, a
+The engine double (tests/engine_doubles.py) is the store's stand-in for an asynchronous engine (the prefetch worker, a
 device stream): it runs nothing at submit and runs pending plans in reverse order at wait/drain.
 """
 import torch
 
-from sgl_ess.prefetch.engine import FetchEngine
-from sgl_ess.prefetch.execute import run_plan
+from tests.engine_doubles import LateOutOfOrderEngine
 
 from .helpers import make_store, token_rows
-
-
-class LateOutOfOrderEngine(FetchEngine):
-    name = "late"
-
-    def __init__(self, mem, backend="torch"):
-        super().__init__(mem, backend)
-        self.pending = {}
-
-    def submit(self, plan):
-        t = self._assign_id(plan)
-        self.pending[t.plan_id] = plan
-        return t
-
-    def wait(self, ticket):
-        if ticket.plan_id in self.pending:
-            for pid in sorted(self.pending, reverse=True):          # later plans first: out of order
-                if pid >= ticket.plan_id:
-                    plan = self.pending.pop(pid)
-                    self.tiers.completed(plan.tier, run_plan(plan, self.mem, self.backend), 0.0)
-
-    def done(self, ticket):
-        return ticket.plan_id not in self.pending
-
-    def drain(self):
-        for pid in sorted(self.pending, reverse=True):
-            plan = self.pending.pop(pid)
-            self.tiers.completed(plan.tier, run_plan(plan, self.mem, self.backend), 0.0)
 
 
 def test_reserve_waits_for_the_layers_warmup_before_evicting_into_it():

@@ -148,6 +148,7 @@ def test_gpu_fake_prefill_writes_land_after_the_zeroing_of_released_rows(gpu_fak
     got = runner.token_to_kv_pool.kv_buffer[0][loc, 0]
     want = torch.cat([k_nope.reshape(CHUNK, -1), k_rope.reshape(CHUNK, -1)], dim=-1)
     assert torch.equal(got, want), "the zeroing of released rows landed after the new prefill wrote its rows"
+    assert int(store.counters.rows_d2h[0]) == CHUNK, "rows SGLang wrote to the host pool were not counted (d2h)"
 
 
 def test_gpu_fake_tbo_child_plans_in_its_own_ring_groups(gpu_fake, monkeypatch):

@@ -25,6 +25,7 @@ def test_cached_prefix_rows_are_not_counted_as_live(server_ops):
                                                        "sampling_params": {"max_new_tokens": 4}})
         assert st == 200, text[:200]
     s = server_ops.ess_usage()
+    assert s["bytes_d2h"] > 0, "rows SGLang wrote into the host pool are not counted (issue 16, defect 7)"
     assert s["host_tokens_cached"] > 0, s
     assert s["host_tokens_live"] == 0, f"live host rows with no request running: {s}"
     assert s["host_tokens_live"] + s["host_tokens_cached"] + s["host_tokens_free"] == s["host_tokens_capacity"]

@@ -101,6 +101,7 @@ def backend_class():
             self.store.fence_host()          # pending zeroing of released rows lands before this write
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+                self.store.note_host_write(layer.layer_id, forward_batch.out_cache_loc.numel())
             self._call = (q, v, q_rope, kwargs)
             try:
                 return self._forward.extend(q, layer, forward_batch, topk_indices)
@@ -115,6 +116,7 @@ def backend_class():
             self.store.fence_host()
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+                self.store.note_host_write(layer.layer_id, forward_batch.out_cache_loc.numel())
             q_all = self._q_all(q, q_rope, layer)
             topk = self._pad_topk_indices(topk_indices, q_all.shape[0])
             out = self._forward.decode(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk)

@@ -168,6 +168,8 @@ class EssSparseAttnBackend(AttentionBackend):
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
         self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+        if self.store is not None:
+            self.store.note_host_write(layer.layer_id, loc.numel())
 
     def _cache_rows(self, layer) -> torch.Tensor:
         """[tokens, R+P] view of this layer's latent rows (device pool, or host pool with ESS on)."""

@@ -291,6 +291,11 @@ class EssPoolAdapter:
             self.plans_late += len(plans)
             return decode_layer(self.store, mode, q3, plans, attend)
 
+    def note_host_write(self, layer: int, rows: int) -> None:
+        """SGLang's writer stored `rows` new latent rows of `layer` straight into the host pool (on
+        CUDA through the zero-copy view: device -> host bytes the store's own writes do not see)."""
+        self.store.counters.add_d2h(layer, rows)
+
     def note_mixed_decode(self, rows: int) -> None:
         """Running requests served by the decode path inside a mixed chunked-prefill batch."""
         self.mixed_decode_rows = getattr(self, "mixed_decode_rows", 0) + rows

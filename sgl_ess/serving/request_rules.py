@@ -161,17 +161,13 @@ def check(path: str, body: Any, limits: OpsConfig, facts: ServingFacts) -> Optio
                       lambda: _int_range("max_completion_tokens", body.get("max_completion_tokens"), 1, None),
                       lambda: _seed("seed", body.get("seed"), facts))
     if path == GENERATE:
-        return _check_generate(body, limits, facts)
+        return check_generate_fields(body, limits, facts)
     return None
 
 
 def check_generate_fields(body: dict, limits: OpsConfig, facts: ServingFacts) -> Optional[Refusal]:
-    """The /generate rules on a ``GenerateReqInput``'s fields (text, input_ids, sampling_params,
-    top_logprobs_num), as every route hands them to the tokenizer manager."""
-    return _check_generate(body, limits, facts)
-
-
-def _check_generate(body: dict, limits: OpsConfig, facts: ServingFacts) -> Optional[Refusal]:
+    """The /generate rules on a /generate body, or on a ``GenerateReqInput``'s fields (text,
+    input_ids, sampling_params, top_logprobs_num) as every route hands them to the tokenizer manager."""
     vocab = facts.vocab_size
     for key in ("text", "input_ids"):
         if body.get(key) is not None:

@@ -20,18 +20,18 @@ import logging
 import time
 
 logger = logging.getLogger("sgl_ess.shutdown")
-_drain_started_s: float | None = None
+_draining = False
 
 
 def begin_drain() -> None:
-    global _drain_started_s
-    if _drain_started_s is None:
-        _drain_started_s = time.monotonic()
+    global _draining
+    if not _draining:
+        _draining = True
         logger.warning("sgl-ess: draining: new requests get 503 from now on")
 
 
 def draining() -> bool:
-    return _drain_started_s is not None
+    return _draining
 
 
 def end_all(tokenizer_manager, message: str, status_code: int = 503) -> int:

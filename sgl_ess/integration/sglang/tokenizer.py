@@ -83,8 +83,8 @@ class EssTokenizerManager(TokenizerManager):
             yield out
 
     async def _tokenize_texts(self, texts, is_cross_encoder: bool = False):
-        size = len(texts) if isinstance(texts, str) else sum(len(t) for t in texts if isinstance(t, str)) \
-            if isinstance(texts, list) else 0
+        parts = [texts] if isinstance(texts, str) else texts if isinstance(texts, list) else []
+        size = sum(len(t) for t in parts if isinstance(t, str))
         if size < OFF_LOOP_CHARS or self.async_dynamic_batch_tokenizer is not None:
             return await super()._tokenize_texts(texts, is_cross_encoder)
         parent = super()._tokenize_texts                  # no awaits inside without the async tokenizer

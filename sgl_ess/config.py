@@ -92,6 +92,11 @@ FIELDS: tuple[EssField, ...] = (
     EssField("warmup_queries", int, 32,
              "Prefill query positions whose top-k ids pre-load the hot buffer before the first decode step.",
              minimum=0),
+    EssField("lock_host_memory", bool, False,
+             "mlock the host latent pool and (on CPU) the slot space, in the scheduler and the prefetch worker, so "
+             "latent rows are never swapped to disk. Needs RLIMIT_MEMLOCK >= those bytes per process (ulimit -l; "
+             "systemd LimitMEMLOCK; docker --ulimit memlock) or CAP_IPC_LOCK; checked before the model loads. "
+             "Latent mappings are excluded from core dumps and sealed against resizing with or without it."),
     EssField("enable_mtp", bool, None,
              "MTP (speculative multi-token: EAGLE / NextN) compatibility mode. Unset = follow SGLang's "
              "--speculative-algorithm; true requires it (EAGLE or NEXTN, --speculative-eagle-topk 1); false refuses "
@@ -117,6 +122,7 @@ class EssConfig:
     speculative_prefetch: str = "off"
     spec_slots: int = 0
     warmup_queries: int = 32
+    lock_host_memory: bool = False
     enable_mtp: bool | None = None                 # None: follow SGLang's --speculative-algorithm
     enable_two_batch_overlap: bool | None = None   # None: follow SGLang's --enable-two-batch-overlap
     # Keys of ``inference_engine`` in the YAML file, mapped onto SGLang flags by the launcher.

@@ -40,7 +40,12 @@ def copy_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_i
 
 def copy_rows_torch(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor,
                     dst_idx: torch.Tensor) -> None:
-    """Reference path: gather the valid rows on src's device, scatter them on dst's device."""
+    """Reference path: gather the valid rows on src's device, scatter them on dst's device.
+
+    On the CPU the gathered rows pass through a temporary in the ordinary torch heap, not in a
+    protected segment (not excluded from core dumps, not mlocked): making it protected would need
+    a scratch segment per caller and thread; it is freed when the call returns. See
+    sgl_ess/store/protected_memory.py and launch/OPERATIONS.md "Protected host memory"."""
     keep = (src_idx >= 0) & (dst_idx >= 0)
     s = src_idx[keep].to(src.device)
     d = dst_idx[keep].to(dst.device)

@@ -6,9 +6,11 @@ Owned by the store (sgl_ess.store.LatentStore); engines only borrow them.
   ring_tags  int64 [G*C]       SlotSpace.ring_tags
   ring_base  int               first ring row in `slots`
 
-`layout()` describes the shared-memory segments behind them (fd, size, offsets) as plain JSON
-types, so a worker process can `attach()` the same memory: nothing but this description and
-small control messages ever crosses a socket.
+`layout()` describes the shared-memory segments behind them (fd, size, offsets, whether the owner
+mlocked them) as plain JSON types, so a worker process can `attach()` the same memory: nothing but
+this description and small control messages ever crosses a socket. An attached mapping is
+protected as the owner's is (excluded from core dumps; mlocked when the owner's is:
+sgl_ess.store.protected_memory).
 """
 from __future__ import annotations
 
@@ -46,19 +48,22 @@ class StoreMemory:
         L, T, B = self.host.shape
         S = self.slots.shape[0]
         return {
-            "host": {"fd": self.host_segment.fd, "nbytes": self.host_segment.nbytes, "shape": [L, T, B]},
+            "host": {"fd": self.host_segment.fd, "nbytes": self.host_segment.nbytes, "shape": [L, T, B],
+                     "lock": self.host_segment.locked},
             "slots": {"fd": self.slot_segment.fd, "nbytes": self.slot_segment.nbytes, "shape": [S, B],
-                      "tags_offset": S * B, "tags_len": int(self.ring_tags.numel())},
+                      "tags_offset": S * B, "tags_len": int(self.ring_tags.numel()), "lock": self.slot_segment.locked},
             "ring_base": self.ring_base,
         }
 
     @classmethod
     def attach(cls, layout: dict) -> "StoreMemory":
+        from sgl_ess.store.host_pool import HOST_LABEL
         from sgl_ess.store.shared_memory import SharedSegment
+        from sgl_ess.store.slot_space import SLOTS_LABEL
 
         h, s = layout["host"], layout["slots"]
-        hseg = SharedSegment.attach(h["fd"], h["nbytes"], "sgl_ess_host")
-        sseg = SharedSegment.attach(s["fd"], s["nbytes"], "sgl_ess_slots")
+        hseg = SharedSegment.attach(h["fd"], h["nbytes"], HOST_LABEL, lock=bool(h.get("lock")))
+        sseg = SharedSegment.attach(s["fd"], s["nbytes"], SLOTS_LABEL, lock=bool(s.get("lock")))
         return cls(host=hseg.tensor(torch.uint8, tuple(h["shape"])),
                    slots=sseg.tensor(torch.uint8, tuple(s["shape"])),
                    ring_tags=sseg.tensor(torch.int64, (s["tags_len"],), offset_bytes=s["tags_offset"]),

@@ -1,5 +1,6 @@
 """Checks the launcher runs BEFORE the model loads (seconds, not minutes), each refusing with one
-line that names the flag: host-pool sizing, hot-slot feasibility, and the HTTP port.
+line that names the flag: host-pool sizing, hot-slot feasibility, the memory --ess-lock-host-memory
+would lock against RLIMIT_MEMLOCK, and the HTTP port.
 
 Why here: SGLang sizes pools and builds the ESS store only after loading the model, so a hot
 buffer that cannot hold index_topk + 1 rows, or a port already taken by another server, used to
@@ -12,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import socket
 from dataclasses import dataclass
 from typing import Optional
@@ -120,3 +122,67 @@ def check_port(host: str, port: int) -> None:
                 raise PortInUse(f"--port {port}: {host}:{port} is already in use (another server?); "
                                 f"stop it or pick another --port")
             raise PreflightError(f"--host {host} --port {port}: cannot bind ({e.strerror}); check --host")
+
+
+# --- --ess-lock-host-memory ---------------------------------------------------------------------
+MEMLOCK_FIX = ("Raise the limit (`ulimit -l unlimited` in the shell that starts the server; systemd "
+               "LimitMEMLOCK=infinity; docker run --ulimit memlock=-1:-1) or drop --ess-lock-host-memory")
+CAP_IPC_LOCK = 14          # capability bit: mlock without RLIMIT_MEMLOCK
+_PAGE_BYTES = 4096         # mlock locks whole pages
+# slot_space_bytes mirrors SlotSpace's layout without importing the store (torch): a unit test
+# (tests/unit/serving/test_memlock_preflight.py) holds the two equal
+_SLOT_PAGE_ROWS = 64       # sgl_ess/store/slot_space.py PAGE_ROWS
+_RING_GROUPS = 8           # StoreConfig.ring_groups: 2 layer parities x 4 micro-batches (the default)
+
+
+def memlock_limit_bytes() -> Optional[int]:
+    """The soft RLIMIT_MEMLOCK of this process (what mlock checks) in bytes; None = unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def has_cap_ipc_lock(status_path: str = "/proc/self/status") -> bool:
+    """True when this process may mlock past RLIMIT_MEMLOCK (CAP_IPC_LOCK in CapEff; root usually has it)."""
+    try:
+        with open(status_path) as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _pages(nbytes: int) -> int:
+    return -(-nbytes // _PAGE_BYTES) * _PAGE_BYTES
+
+
+def slot_space_bytes(layers: int, row_bytes: int, request_rows: int, hot_slots: int, topk: int,
+                     ring_slots: int = 0, spec_slots: int = 0) -> int:
+    """Bytes of the CPU slot space segment (hot buffers + 8 staging-ring groups + speculative rows,
+    padded to 64-row pages, + int64 ring tags), as sgl_ess.store.slot_space.SlotSpace lays it out;
+    `ring_slots` / `spec_slots` 0 = the store's default (request_rows x topk / 8, at least topk)."""
+    ring = ring_slots or max(topk, request_rows * topk // 8)
+    staged = _RING_GROUPS * ring + 2 * spec_slots
+    used = layers * request_rows * hot_slots + staged
+    total = -(-used // _SLOT_PAGE_ROWS) * _SLOT_PAGE_ROWS
+    return total * row_bytes + 8 * max(1, staged)
+
+
+def locked_bytes(host_bytes: int, slot_bytes: int = 0) -> int:
+    """What --ess-lock-host-memory locks in each process that maps the segments (whole pages)."""
+    return _pages(host_bytes) + (_pages(slot_bytes) if slot_bytes else 0)
+
+
+def check_memlock(want_bytes: int, what: str, limit_bytes: Optional[int] = -1,
+                  cap_ipc_lock: Optional[bool] = None) -> None:
+    """Raise PreflightError when `want_bytes` cannot be mlocked by one process. `limit_bytes` -1 (default) =
+    this process's RLIMIT_MEMLOCK, None = unlimited; `cap_ipc_lock` None = read this process's."""
+    limit = memlock_limit_bytes() if limit_bytes == -1 else limit_bytes
+    cap = has_cap_ipc_lock() if cap_ipc_lock is None else cap_ipc_lock
+    if cap or limit is None or want_bytes <= limit:
+        return
+    raise PreflightError(
+        f"--ess-lock-host-memory: each process that maps the latent cache (the scheduler, and its prefetch worker "
+        f"if any) locks {want_bytes} bytes ({want_bytes / 1e6:.1f} MB: {what}), but RLIMIT_MEMLOCK is {limit} "
+        f"bytes ({limit / 1e6:.1f} MB) per process and the launcher has no CAP_IPC_LOCK. {MEMLOCK_FIX}")

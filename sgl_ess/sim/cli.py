@@ -1,8 +1,8 @@
 """Command line: `python -m sgl_ess.sim [run|plan|validate|fit|constants|profile|sweep|sensitivity] ...`.
 
-Flags are generated from the dataclass fields of config.py (name, type, default, help). Fields in
-LIST_FIELDS accept comma lists on `run` and `sweep`. Every SimConfigError exits with status 2 and one
-line on stderr; no traceback.
+Flags are generated from the dataclass fields of config.py (name, type, default, help, choices); `plan`
+also gets ServingLayoutConfig's. Fields in LIST_FIELDS accept comma lists on `run` and `sweep`. Every
+SimConfigError exits with status 2 and one line on stderr; no traceback.
 """
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import json
 import sys
 from dataclasses import MISSING, fields
 
-from .config import DeploymentConfig, OffloadConfig, SimConfig, SimConfigError, WorkloadConfig, flag_of
+from .config import (DeploymentConfig, OffloadConfig, ServingLayoutConfig, SimConfig, SimConfigError, WorkloadConfig,
+                     flag_of)
 from .hardware import known_hardware
 
 GROUPS = (("deployment", DeploymentConfig), ("workload", WorkloadConfig), ("ess", OffloadConfig))
+LAYOUT_GROUP = (("serving layout (host pools per node)", ServingLayoutConfig),)
 LIST_FIELDS = ("context_tokens", "mtp", "accept", "batch", "ratio")
 HEADLINE = {"batch": "52,160", "ratio": "1.0,0.21"}
 
@@ -38,18 +40,27 @@ def _parse_scalar(type_str: str, text: str, flag_name: str):
     return text
 
 
-def add_config_args(p: argparse.ArgumentParser, lists: bool, exclude: tuple[str, ...] = ()) -> None:
-    for title, cls in GROUPS:
+def _is_bool(f) -> bool:
+    return f.type in ("bool", "bool | None")
+
+
+def add_config_args(p: argparse.ArgumentParser, lists: bool, exclude: tuple[str, ...] = (), groups=GROUPS) -> None:
+    for title, cls in groups:
         g = p.add_argument_group(title)
         for f in fields(cls):
             if f.name in exclude:
                 continue
             name = flag_of(cls, f.name)
             default = f.default if f.default is not MISSING else None
-            help_ = f.metadata.get("help", "") + f" (default: {default})"
-            if f.type == "bool":
+            help_ = f.metadata.get("help", "")
+            if "(default:" not in help_:
+                help_ += f" (default: {default})"
+            choices = f.metadata.get("choices")
+            if _is_bool(f):
                 g.add_argument(name, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                help=help_)
+            elif choices:
+                g.add_argument(name, dest=f.name, default=None, choices=choices, help=help_)
             else:
                 many = lists and f.name in LIST_FIELDS
                 g.add_argument(name, dest=f.name, default=None, metavar="LIST" if many else f.name.upper(),
@@ -59,16 +70,20 @@ def add_config_args(p: argparse.ArgumentParser, lists: bool, exclude: tuple[str,
 def _values(args, cls, name: str, lists: bool) -> list:
     f = next(x for x in fields(cls) if x.name == name)
     raw = getattr(args, name, None)
-    if raw is None or f.type == "bool":
+    if raw is None or _is_bool(f):
         return [f.default if raw is None else raw]
     parts = raw.split(",") if lists and name in LIST_FIELDS else [raw]
     return [_parse_scalar(f.type, s.strip(), flag_of(cls, name)) for s in parts]
 
 
+def build_group(args, cls):
+    """One config group (no lists) from parsed args; unset flags keep the field defaults."""
+    return cls(**{f.name: _values(args, cls, f.name, False)[0] for f in fields(cls)})
+
+
 def build_configs(args, lists: bool) -> list[SimConfig]:
     """Cartesian product over context/mtp/accept; batch and ratio lists pair up (or broadcast)."""
-    deploy = DeploymentConfig(**{f.name: _values(args, DeploymentConfig, f.name, False)[0]
-                                 for f in fields(DeploymentConfig)})
+    deploy = build_group(args, DeploymentConfig)
     ess_base = {f.name: _values(args, OffloadConfig, f.name, False)[0] for f in fields(OffloadConfig)
                 if f.name != "ratio"}
     batches = _values(args, WorkloadConfig, "batch", lists)
@@ -114,8 +129,11 @@ def parser() -> argparse.ArgumentParser:
                         description="Answer a capacity question for a deployment: the largest batch that fits GPU "
                                     "and host memory and meets the TPOT SLO, the best sparse memory ratio and "
                                     "overlap, the hot-buffer and host-pool sizes, expected tokens/s, and which "
-                                    "resource binds. Prints its assumptions with the answer.")
+                                    "resource binds; then the host pools per node for an SGLang layout (--tp, "
+                                    "--dp, --enable-dp-attention, --nnodes), shared and per rank. Prints its "
+                                    "assumptions with the answer.")
     add_config_args(pl, lists=False, exclude=("batch", "ratio"))
+    add_config_args(pl, lists=False, groups=LAYOUT_GROUP)
     pl.add_argument("--gpus", type=int, default=None, help="total GPUs (sets --nodes = gpus / --gpus-per-node and, "
                                                            "unless given, --ep = gpus)")
     pl.add_argument("--slo-tpot-ms", type=float, default=None, help="max time per output token in ms")

@@ -7,11 +7,12 @@ import argparse
 import json
 from dataclasses import asdict, replace
 
-from .cli import build_configs, print_json_rows
-from .config import SimConfigError
+from .cli import build_configs, build_group, print_json_rows
+from .config import ModelSpec, ServingLayoutConfig, SimConfigError
 from .constants import const
 from .fit import headline_rows, kernel_overhead_for
 from .hardware import get_hardware
+from .host_pools import HostPoolReport, host_pool_report, report_lines, resolve_layout
 from .planner import DEFAULT_RATIOS, PlanResult, plan, sizes
 from .profile import OpProfile
 from .sensitivity import sensitivity
@@ -87,7 +88,19 @@ def _plan_args(args: argparse.Namespace):
             ratios = tuple(float(x) for x in args.ratios.split(","))
         except ValueError:
             raise SimConfigError(f"--ratios {args.ratios!r}: expected a comma list of numbers in (0, 1]") from None
-    return build_configs(args, lists=False)[0], ratios
+    cfg, serving = build_configs(args, lists=False)[0], build_group(args, ServingLayoutConfig)
+    resolve_layout(serving, cfg.deploy)          # refuse an impossible layout before the search
+    return cfg, ratios, serving
+
+
+def _host_pools(res: PlanResult, cfg, serving: ServingLayoutConfig) -> HostPoolReport | None:
+    """Host pools per node at the planned point (or at --max-total-tokens); None if neither is known."""
+    if serving.max_total_tokens is not None:
+        return host_pool_report(serving, cfg.deploy, serving.max_total_tokens, "--max-total-tokens")
+    if res.best is None:
+        return None
+    b, c = res.best.cfg.work.batch, res.best.cfg.work.context_tokens
+    return host_pool_report(serving, cfg.deploy, b * c, f"batch {b} x context {c}")
 
 
 def assumptions(cfg, prof: OpProfile) -> list[str]:
@@ -107,7 +120,7 @@ def assumptions(cfg, prof: OpProfile) -> list[str]:
     ]
 
 
-def _plan_json(res: PlanResult, cfg, prof) -> dict:
+def _plan_json(res: PlanResult, cfg, prof, pools: HostPoolReport | None) -> dict:
     return {"baseline": res.baseline.row() if res.baseline else None,
             "best": res.best.row() if res.best else None,
             "sizes": sizes(res.best) if res.best else None,
@@ -115,15 +128,17 @@ def _plan_json(res: PlanResult, cfg, prof) -> dict:
             "binding": res.binding, "binding_why": res.binding_why,
             "relief_gain_pct": {k: round(100 * v, 2) for k, v in res.relief_gain.items()},
             "by_overlap": {k: v.row() for k, v in res.by_overlap.items()},
-            "by_ratio": [r.row() for r in res.by_ratio], "assumptions": assumptions(cfg, prof)}
+            "by_ratio": [r.row() for r in res.by_ratio],
+            "host_pools": pools.as_dict() if pools else None, "assumptions": assumptions(cfg, prof)}
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    cfg, ratios = _plan_args(args)
+    cfg, ratios, serving = _plan_args(args)
     res = plan(cfg, args.slo_tpot_ms, ratios)
     prof = OpProfile.load(cfg.deploy.op_profile)
+    pools = _host_pools(res, cfg, serving)
     if args.json:
-        print(json.dumps(_plan_json(res, cfg, prof), indent=1))
+        print(json.dumps(_plan_json(res, cfg, prof, pools), indent=1))
         return 0
     if res.best is None:
         raise SimConfigError("no batch fits or meets the SLO at any ratio; relax --slo-tpot-ms, shorten --context "
@@ -148,6 +163,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"tok/s/node -> ESS gain {res.gain:+.1%}")
     else:
         print("  no offload: nothing fits or meets the SLO")
+    for line in report_lines(pools, serving.share_host_pool):
+        print(line)
+    print(f"  (the host pool line above is the step model's: one pool per GPU, {s['host_pool_gb_per_node']:.0f} GB "
+          f"over the {ModelSpec.load(cfg.deploy.model).cached_layers} cached layers, MTP included, no padding page)")
     print("assumptions:")
     for a in assumptions(cfg, prof):
         print(f"  - {a}")

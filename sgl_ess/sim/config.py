@@ -1,7 +1,8 @@
 """Typed, frozen configuration for the simulator; each field's metadata generates a CLI flag.
 
-Three user-facing groups (`DeploymentConfig`, `WorkloadConfig`, `OffloadConfig`) plus the model facts
-(`ModelSpec`, loaded from `data/model_<name>.json`). Every group validates itself in `__post_init__`
+Three user-facing groups (`DeploymentConfig`, `WorkloadConfig`, `OffloadConfig`), the serving layout
+`plan` sizes host pools for (`ServingLayoutConfig`), plus the model facts (`ModelSpec`, loaded from
+`data/model_<name>.json`). Every group validates itself in `__post_init__`
 and raises `SimConfigError` naming the value received, what was expected and the flag that fixes it.
 Nothing here holds memory or state; all objects are immutable.
 """
@@ -16,6 +17,8 @@ from typing import Any
 OVERLAP_STRATEGIES = ("none", "da", "dba", "full")
 TRANSFER_METHODS = ("flashtrans", "memcpy")
 KNOWN_MODELS = ("deepseek_v32_exp", "tiny_dsv32")
+SHARE_HOST_POOL = ("auto", "shared", "per-rank")
+KV_CACHE_DTYPES = ("fp8_e4m3", "bf16")
 MTP_DRAFT_ACCEPTANCE = 0.7   # paper Table 2: MTP 2 accepts 1.7 tokens per step -> 0.7 per draft token
 
 
@@ -23,9 +26,9 @@ class SimConfigError(ValueError):
     """A user-facing configuration error; the CLI prints it and exits with status 2."""
 
 
-def flag(default: Any, help: str, flag_name: str | None = None) -> Any:
-    """A dataclass field whose metadata carries its CLI help text (and optional flag spelling)."""
-    return field(default=default, metadata={"help": help, "flag": flag_name})
+def flag(default: Any, help: str, flag_name: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field whose metadata carries its CLI help text (and optional flag spelling and choices)."""
+    return field(default=default, metadata={"help": help, "flag": flag_name, "choices": choices})
 
 
 def flag_of(cls: type, name: str) -> str:
@@ -203,6 +206,37 @@ class OffloadConfig:
     @property
     def offload(self) -> bool:
         return self.ratio < 1.0
+
+
+@dataclass(frozen=True)
+class ServingLayoutConfig:
+    """SGLang's parallel flags, for `plan`'s host pools per node (sim/host_pools.py). The step-time model
+    stays DP attention + EP over --nodes x --gpus-per-node; only the host-pool report follows these."""
+    tp: int | None = flag(None, "SGLang --tp (default: every GPU, --nodes x --gpus-per-node)")
+    dp: int | None = flag(None, "SGLang --dp (default: --tp with DP attention, else 1)")
+    enable_dp_attention: bool | None = flag(None, "SGLang --enable-dp-attention: dp attention groups of tp / dp "
+                                                  "ranks (default: on when neither --tp nor --dp is given, the "
+                                                  "deployment the step model simulates; else off)")
+    nnodes: int | None = flag(None, "SGLang --nnodes (default: --nodes)")
+    share_host_pool: str = flag("auto", "host pools of an attention-TP group's ranks on one node: shared (one "
+                                        "pool per group, the CPU serving path) | per-rank (one copy per rank, "
+                                        "what CUDA does today) | auto (= shared)", choices=SHARE_HOST_POOL)
+    max_total_tokens: int | None = flag(None, "tokens per host pool, as the launcher's --max-total-tokens "
+                                              "(default: the planned batch x --context)")
+    kv_cache_dtype: str = flag("fp8_e4m3", "host latent row: fp8_e4m3 (FlashMLA's row, 656 B for DeepSeek-V3.2; "
+                                           "the CUDA default) | bf16 ((kv_lora_rank + rope) x 2 B, 1152 B; the "
+                                           "CPU path)", choices=KV_CACHE_DTYPES)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp", "nnodes", "max_total_tokens"):
+            if getattr(self, name) is not None:
+                _positive(ServingLayoutConfig, name, getattr(self, name))
+        if self.share_host_pool not in SHARE_HOST_POOL:
+            raise SimConfigError(f"share_host_pool = {self.share_host_pool!r}: expected one of "
+                                 f"{', '.join(SHARE_HOST_POOL)}; fix --share-host-pool")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise SimConfigError(f"kv_cache_dtype = {self.kv_cache_dtype!r}: expected one of "
+                                 f"{', '.join(KV_CACHE_DTYPES)}; fix --kv-cache-dtype")
 
 
 @dataclass(frozen=True)

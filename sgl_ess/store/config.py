@@ -29,6 +29,8 @@ class StoreConfig:
     max_context_tokens:    longest request (sizes the request -> host-location table)
     device:                where hot buffers live ("cpu", "cuda", "cuda:1")
     pin_host:              page-lock the host pool (None: yes exactly when device is CUDA)
+    lock_host:             mlock the host pool and (on CPU) the slot space against swap, in every
+                           process that maps them (--ess-lock-host-memory); off by default
     warmup_window:         W, prefill query positions whose top-k warm the LRU
     ring_slots:            staging-ring rows per ring group (0: max_requests x topk / 8, >= topk)
     ring_micro_batches:    sub-batches of one layer that may be in flight at once (DBA halves x
@@ -47,6 +49,7 @@ class StoreConfig:
     max_context_tokens: int = 131072
     device: str = "cpu"
     pin_host: bool | None = None
+    lock_host: bool = False
     warmup_window: int = 32
     ring_slots: int = 0
     ring_micro_batches: int = 4

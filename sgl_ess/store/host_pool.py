@@ -6,7 +6,8 @@ shared-memory segment (`self.segment`, memfd) so a prefetch worker process maps 
 With `pin=True` (CUDA machines) the segment is also page-locked in place with chunked
 cudaHostRegister (sgl_ess.kernels.uva.register_host) so GPU kernels read and write it directly
 (zero-copy); no `pin_memory()` copy, whose caching allocator would round a 200 GB pool up to
-the next power of two.
+the next power of two. The segment is excluded from core dumps and sealed against resizing, and
+with `lock=True` (--ess-lock-host-memory) mlocked against swap (sgl_ess.store.protected_memory).
 
 Token locations ("host locs", 0..capacity-1) are handed out by `alloc` and returned by
 `free`, which zeroes every layer's row first: rows hold user data and must not leak from one
@@ -19,17 +20,28 @@ import torch
 
 from sgl_ess.store.shared_memory import SharedSegment
 
+HOST_LABEL = "sgl_ess_host"      # the memfd's name: /proc/PID/smaps shows "/memfd:sgl_ess_host (deleted)"
+
 
 class HostPoolFullError(RuntimeError):
     """The host latent pool has fewer free token rows than asked for."""
 
 
 class HostLatentPool:
-    def __init__(self, num_layers: int, capacity_tokens: int, row_bytes: int, *, pin: bool = False):
+    def __init__(self, num_layers: int, capacity_tokens: int, row_bytes: int, *, pin: bool = False,
+                 lock: bool = False, fd: int | None = None, readonly: bool = False):
+        """`fd` given: map another process's pool (a TP rank sharing its owner's pool on this node,
+        sgl_ess.integration.sglang.shared_host_pool); such a pool is a reader (`writer` False): it
+        never writes or zeroes rows, and with `readonly` it is mapped PROT_READ (a debug mode)."""
         self.num_layers = num_layers
         self.capacity_tokens = capacity_tokens
         self.row_bytes = row_bytes
-        self.segment = SharedSegment(num_layers * capacity_tokens * row_bytes, label="sgl_ess_host")
+        nbytes = num_layers * capacity_tokens * row_bytes
+        self.writer = fd is None
+        if fd is None:
+            self.segment = SharedSegment(nbytes, label=HOST_LABEL, lock=lock)
+        else:
+            self.segment = SharedSegment.attach(fd, nbytes, label=HOST_LABEL, lock=lock, readonly=readonly)
         self.rows = self.segment.tensor(torch.uint8, (num_layers, capacity_tokens, row_bytes))
         self.registration = None
         if pin:
@@ -96,6 +108,8 @@ class HostLatentPool:
         self.rows[layer].index_copy_(0, locs, rows.to("cpu"))
 
     def read(self, layer: int, locs: torch.Tensor) -> torch.Tensor:
+        """uint8 [n, row_bytes]: a copy in the ordinary torch CPU heap, not in the protected segment
+        (tests and tools; the serving path never calls it)."""
         self._check_layer(layer)
         locs = locs.to("cpu", torch.int64).reshape(-1)
         self._check_locs(locs)

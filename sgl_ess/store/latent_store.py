@@ -66,13 +66,18 @@ class LatentStore:
         pin = cfg.pin_host if cfg.pin_host is not None else dev.type == "cuda"
         self.device = dev
         if host_pool is None:
-            host_pool = HostLatentPool(cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes, pin=pin)
+            host_pool = HostLatentPool(cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes, pin=pin,
+                                       lock=cfg.lock_host)
         elif tuple(host_pool.rows.shape) != (cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes):
             raise ValueError(f"host pool of shape {list(host_pool.rows.shape)} does not match the store config "
                              f"[{cfg.num_layers}, {cfg.host_capacity_tokens}, {cfg.row_bytes}]")
+        elif cfg.lock_host and not host_pool.segment.locked:
+            raise ValueError("lock_host=True (--ess-lock-host-memory), but the host pool handed in is not mlocked: "
+                             "build it with HostLatentPool(..., lock=True)")
         self.host = host_pool        # an engine may own it (SGLang's DSA pool allocates it, host_pool_class.py)
         self.slots = SlotSpace(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, cfg.row_bytes,
-                               cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots)
+                               cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots,
+                               lock=cfg.lock_host)
         self.hot = DeviceHotBuffer(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, dev,
                                    max_context_tokens=cfg.max_context_tokens)
         self.counters = StoreCounters(cfg.num_layers, cfg.max_requests, cfg.row_bytes, dev)

@@ -10,6 +10,13 @@ call `SharedSegment.attach(fd, nbytes)` there. Tensors from `tensor()` alias the
 it alive; the file descriptor lives as long as this object (a restarted worker needs it again)
 and is closed when it goes, so a dropped store gives its memory back.
 
+Protection (sgl_ess.store.protected_memory): the memfd is sealed against growing and shrinking
+right after `ftruncate` (F_SEAL_GROW|F_SEAL_SHRINK|F_SEAL_SEAL); `attach` refuses an fd of another
+size or without those seals; every mapping, the owner's and each attached one, is excluded from
+core dumps (MADV_DONTDUMP); with `lock=True` (--ess-lock-host-memory) it is also mlocked, in each
+process that maps it (RLIMIT_MEMLOCK is per process). A step that fails raises
+ProtectedMemoryError: no segment exists unprotected.
+
 On CUDA the owner page-locks the mapping with cudaHostRegister (sgl_ess.kernels.uva) so GPU
 kernels read and write it zero-copy; this module itself is device-agnostic.
 """
@@ -17,33 +24,55 @@ from __future__ import annotations
 
 import mmap
 import os
+import warnings
 
 import torch
 
+from sgl_ess.store.protected_memory import check_sealed, exclude_from_dumps, lock_mapping, memfd_flags, seal_size
+
 
 class SharedSegment:
-    def __init__(self, nbytes: int, *, label: str = "sgl_ess", fd: int | None = None):
+    def __init__(self, nbytes: int, *, label: str = "sgl_ess", fd: int | None = None, lock: bool = False,
+                 readonly: bool = False):
         if nbytes <= 0:
             raise ValueError(f"SharedSegment: nbytes={nbytes}; expected > 0")
         self.nbytes = int(nbytes)
         self.label = label
         self.owner = fd is None
+        self.fd = -1
+        self.locked = False
+        self.writable = not readonly
         if fd is None:
-            fd = os.memfd_create(label, os.MFD_CLOEXEC)
+            fd = os.memfd_create(label, memfd_flags())
             try:
                 os.ftruncate(fd, self.nbytes)
+                seal_size(fd, label)
             except OSError:
                 os.close(fd)
                 raise
+        else:
+            check_sealed(fd, self.nbytes, label)
         self.fd = fd
-        # MAP_POPULATE: fault every page in now (start-up), not on the first step that touches it
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        self._map = mmap.mmap(fd, self.nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            # MAP_POPULATE: fault every page in now (start-up), not on the first step that touches it
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
+            self._map = mmap.mmap(fd, self.nbytes, flags=flags, prot=prot)
+            exclude_from_dumps(self._map, label)
+            if lock:
+                lock_mapping(self.data_ptr(), self.nbytes, label)
+                self.locked = True
+        except OSError:
+            if self.owner:
+                self.close()
+            raise
 
     @classmethod
-    def attach(cls, fd: int, nbytes: int, label: str = "sgl_ess") -> "SharedSegment":
-        """Map a segment whose fd this process inherited (a worker)."""
-        return cls(nbytes, label=label, fd=fd)
+    def attach(cls, fd: int, nbytes: int, label: str = "sgl_ess", lock: bool = False,
+               readonly: bool = False) -> "SharedSegment":
+        """Map a segment whose fd this process inherited or received (a worker, another TP rank);
+        `lock` as the owner's; `readonly` maps it PROT_READ (a write through it faults)."""
+        return cls(nbytes, label=label, fd=fd, lock=lock, readonly=readonly)
 
     def tensor(self, dtype: torch.dtype, shape: tuple[int, ...], offset_bytes: int = 0) -> torch.Tensor:
         """A CPU tensor of `shape` aliasing bytes [offset, offset + size) of the segment."""
@@ -56,7 +85,9 @@ class SharedSegment:
                              f"the {self.nbytes}-byte segment {self.label!r}")
         if count == 0:
             return torch.empty(shape, dtype=dtype)
-        t = torch.frombuffer(self._map, dtype=dtype, count=count, offset=offset_bytes).view(*shape)
+        with warnings.catch_warnings():         # read-only mappings: torch warns that writes would fault
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(self._map, dtype=dtype, count=count, offset=offset_bytes).view(*shape)
         return t
 
     def close(self) -> None:
@@ -76,7 +107,11 @@ class SharedSegment:
         """Address of the mapping in this process (for cudaHostRegister)."""
         import ctypes
 
+        if not self.writable:                  # a read-only buffer cannot back a ctypes object
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.frombuffer(self._map, dtype=torch.uint8, count=1).data_ptr()
         return ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
     def __repr__(self) -> str:
-        return f"SharedSegment({self.label!r}, {self.nbytes} B, fd={self.fd})"
+        return f"SharedSegment({self.label!r}, {self.nbytes} B, fd={self.fd}{', locked' if self.locked else ''})"

@@ -15,8 +15,10 @@ address both a layer's hot slots and the ring rows its misses landed in: SGLang'
 kernels take one `kv_cache` and one int32 index table.
 
 Placement: on CPU, `rows` and `ring_tags` live in a SharedSegment so the prefetch worker process
-writes fetched rows straight into them; on CUDA they are device tensors (the device layer moves
-rows with FlashTrans kernels on a side stream).
+writes fetched rows straight into them; like the host pool it is excluded from core dumps, sealed
+against resizing and, with `lock=True` (--ess-lock-host-memory), mlocked. On CUDA they are device
+tensors (the device layer moves rows with FlashTrans kernels on a side stream): no host memory,
+so nothing to exclude or lock.
 """
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ import torch
 from sgl_ess.store.shared_memory import SharedSegment
 
 PAGE_ROWS = 64
+SLOTS_LABEL = "sgl_ess_slots"    # the memfd's name: /proc/PID/smaps shows "/memfd:sgl_ess_slots (deleted)"
 
 
 class SlotSpace:
     def __init__(self, num_layers: int, max_requests: int, slots_per_request: int, row_bytes: int,
-                 ring_groups: int, ring_slots: int, device: torch.device | str, spec_slots: int = 0):
+                 ring_groups: int, ring_slots: int, device: torch.device | str, spec_slots: int = 0,
+                 lock: bool = False):
         self.num_layers = num_layers
         self.max_requests = max_requests
         self.slots_per_request = slots_per_request
@@ -50,7 +54,7 @@ class SlotSpace:
         self.segment: SharedSegment | None = None
         if self.device.type == "cpu":
             tag_bytes = 8 * max(1, used - self.ring_base)
-            self.segment = SharedSegment(self.total_slots * row_bytes + tag_bytes, label="sgl_ess_slots")
+            self.segment = SharedSegment(self.total_slots * row_bytes + tag_bytes, label=SLOTS_LABEL, lock=lock)
             self.rows = self.segment.tensor(torch.uint8, (self.total_slots, row_bytes))
             self.ring_tags = self.segment.tensor(torch.int64, (used - self.ring_base,),
                                                  offset_bytes=self.total_slots * row_bytes)

@@ -102,3 +102,34 @@ def test_released_rows_are_zeroed_in_stream_order():
     torch.cuda.synchronize()
     assert int(store.host.rows[:, locs.cpu()].sum()) == 0
     store.shutdown()
+
+
+def test_a_released_request_leaves_no_row_behind_on_the_stream_engine():
+    """Hot slots of a closed request, the staging rings (zeroed by each commit) and its host rows
+    all read zero once the side stream is drained; the other request keeps its rows."""
+    store, tab = _store()
+    g = torch.Generator().manual_seed(5)
+    for rid in ("a", "b"):
+        tab.add(rid, 1000)
+        for layer in range(LAYERS):
+            store.write_host(layer, tab.host_locs(rid), torch.randint(1, 256, (1000, LAY.row_bytes), generator=g,
+                                                                    dtype=torch.uint8).cuda())
+    reqs, lens = tab.indices(["a", "b"]), tab.seq_lens(["a", "b"])
+    for _ in range(3):
+        for layer in range(LAYERS):
+            topk = torch.stack([torch.randperm(1000, generator=g)[:K] for _ in range(2)]).cuda()
+            store.resolve(layer, reqs, lens, topk.to(torch.int32), tab.req_to_host)
+    ia, ib = tab.index("a"), tab.index("b")
+    a_locs = tab.host_locs("a").clone()
+    store.close(ia)
+    store.clear_host(a_locs)
+    store.fence_host()
+    store.engine.drain()
+    torch.cuda.synchronize()
+    s = store.slots
+    hot = s.rows[:s.ring_base].view(LAYERS, store.cfg.max_requests, N, LAY.row_bytes)
+    assert int(hot[:, ia].count_nonzero()) == 0 and int(hot[:, ib].count_nonzero()) > 0
+    assert int(s.rows[s.ring_base:].count_nonzero()) == 0
+    assert int(store.host.rows[:, a_locs.cpu()].count_nonzero()) == 0
+    assert int(store.host.rows[:, tab.host_locs("b").cpu()].count_nonzero()) > 0
+    store.shutdown()

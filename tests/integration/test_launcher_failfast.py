@@ -118,3 +118,10 @@ def test_dead_detokenizer_ends_the_launcher_with_one_line_and_exit_5():
         assert not group_alive(srv.pgid), "server processes left behind after the crash"
     finally:
         srv.stop()
+
+
+def test_dp_attention_without_enough_tp_ranks_is_refused_before_the_model_loads():
+    rc, out, err = _launch(["--dp", "2", "--enable-dp-attention"])
+    line = _one_clean_line(err)
+    assert rc == 2 and "--tp must be a multiple of --dp" in line, err[-1500:]
+    assert LOADED not in out + err

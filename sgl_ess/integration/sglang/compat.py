@@ -96,3 +96,18 @@ def register() -> None:
 
     if _check not in _HOOKS.get("handle_other_validations", ()):
         register_resolution_hook("handle_other_validations")(_check)
+
+
+def parallel_refusals(args: Any) -> list[str]:
+    """Parallel layouts SGLang would stop on with a bare assert (checked on the parsed flags,
+    before SGLang resolves them)."""
+    out = []
+    tp, dp = int(getattr(args, "tp_size", 1) or 1), int(getattr(args, "dp_size", 1) or 1)
+    nnodes = int(getattr(args, "nnodes", 1) or 1)
+    if getattr(args, "enable_dp_attention", False) and dp > 1 and tp % dp:
+        out.append(f"--enable-dp-attention with --dp {dp} and --tp {tp}: the DP attention groups partition the TP "
+                   f"ranks, so --tp must be a multiple of --dp (e.g. --tp {dp} --dp {dp})")
+    if tp * int(getattr(args, "pp_size", 1) or 1) % nnodes:
+        out.append(f"--nnodes {nnodes} with --tp {tp}: every node runs the same number of ranks, so --tp x --pp must "
+                   f"be a multiple of --nnodes")
+    return out

@@ -31,6 +31,7 @@ import logging
 
 import torch
 
+from .padding import real_rows
 from .speculative import ROLE_TARGET
 from .store_forward import StoreForward
 
@@ -101,7 +102,7 @@ def backend_class():
             self.store.fence_host()          # pending zeroing of released rows lands before this write
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
-                self.store.note_host_write(layer.layer_id, forward_batch.out_cache_loc.numel())
+                self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
             self._call = (q, v, q_rope, kwargs)
             try:
                 return self._forward.extend(q, layer, forward_batch, topk_indices)
@@ -116,7 +117,7 @@ def backend_class():
             self.store.fence_host()
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
-                self.store.note_host_write(layer.layer_id, forward_batch.out_cache_loc.numel())
+                self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
             q_all = self._q_all(q, q_rope, layer)
             topk = self._pad_topk_indices(topk_indices, q_all.shape[0])
             out = self._forward.decode(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk)
@@ -191,7 +192,9 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
         if store is not None and store.mode(layer_id) != "none":
             from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
-            b = forward_batch.batch_size
+            b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned
+            if b == 0:
+                return out
             store.early_plan(id(forward_batch), layer_id, forward_batch.req_pool_indices[:b].long(),
                              forward_batch.seq_lens[:b], out[:b], get_req_to_token_pool().req_to_token,
                              getattr(backend, "micro_batch_base", 0))   # TBO children: their own ring groups

@@ -32,6 +32,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sgl_ess.attention.reference import attend
 
+from .padding import real_rows
 from .pool_adapter import EssPoolAdapter
 from .speculative import ROLE_DRAFT_DECODE, ROLE_TARGET
 from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
@@ -103,6 +104,12 @@ class EssSparseAttnBackend(AttentionBackend):
     def get_indexer_metadata(self, layer_id, forward_batch):
         return None
 
+    def get_cpu_graph_seq_len_fill_value(self):
+        return 1                        # SGLang's padding rows (DP attention, TBO) get seq_len 1
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
     def support_triton(self):
         return False
 
@@ -121,15 +128,20 @@ class EssSparseAttnBackend(AttentionBackend):
         if self.store is not None:
             self.store.fence_host()           # released rows are zeroed before anything rewrites them
         if save_kv_cache and k is not None:
-            self._save(layer, loc, k, v)
+            self._save(layer, forward_batch, loc, k, v)
         if topk_indices is None:
             lay = self._forward.layout(forward_batch)
             topk_indices = dense_topk_positions(lay.kv_lens, lay.n_q, q.device)
+            if topk_indices.shape[0] < q.shape[0]:      # DP padding tokens: nothing to attend
+                pad = topk_indices.new_full((q.shape[0] - topk_indices.shape[0], topk_indices.shape[1]), -1)
+                topk_indices = torch.cat([topk_indices, pad])
         if self.store is not None:
             return self._forward.extend(q, layer, forward_batch, topk_indices)
         lay = self._forward.layout(forward_batch)
         req_rows = forward_batch.req_pool_indices
         tok_req = torch.repeat_interleave(req_rows.long(), torch.tensor(lay.n_q, device=req_rows.device))
+        if tok_req.numel() < q.shape[0]:    # DP padding tokens after the last request: read as row 0
+            tok_req = torch.cat([tok_req, tok_req.new_zeros(q.shape[0] - tok_req.numel())])
         return self.prefill(q, layer, forward_batch, topk_indices, tok_req, None)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
@@ -137,7 +149,7 @@ class EssSparseAttnBackend(AttentionBackend):
         if self.store is not None:
             self.store.fence_host()
         if save_kv_cache and k is not None:
-            self._save(layer, loc, k, v)
+            self._save(layer, forward_batch, loc, k, v)
         if topk_indices is None:
             sl = forward_batch.seq_lens.tolist()
             topk_indices = dense_topk_positions(sl, [1] * len(sl), q.device)
@@ -162,14 +174,23 @@ class EssSparseAttnBackend(AttentionBackend):
         return self._cache_rows(layer)[loc.long()]
 
     # --- internals ---------------------------------------------------------------------
-    def _save(self, layer, loc, k, v):
+    def _save(self, layer, forward_batch, loc, k, v):
         # The DSA pool holds one packed latent row per token (nope ++ rope); k is that row.
         # With ESS on, the pool's latent buffers ARE the store's host pool (pool_adapter.py).
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+        share = getattr(self.token_to_kv_pool, "ess_share", None)     # a node's shared host pool (TP)
+        if share is not None:
+            if layer.layer_id == 0:
+                share.check_lockstep(loc, forward_batch.req_pool_indices, forward_batch.seq_lens)
+            if not share.writer:            # its owner writes these rows; read them once it has
+                share.before_read(layer.layer_id)
+                return
         self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+        if share is not None:
+            share.after_write(layer.layer_id)
         if self.store is not None:
-            self.store.note_host_write(layer.layer_id, loc.numel())
+            self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)   # padding not counted
 
     def _cache_rows(self, layer) -> torch.Tensor:
         """[tokens, R+P] view of this layer's latent rows (device pool, or host pool with ESS on)."""

@@ -5,14 +5,16 @@ Installed for pool kind "dsa" through ``KVCacheConfigurator._resolve_kv_pool_cla
 SGLang consults for out-of-tree pool classes) when ESS is on. ``_create_buffers`` - where the
 parent would allocate ``[size + page, 1, kv_cache_dim]`` per layer on the device - allocates
 one ``HostLatentPool`` (an anonymous shared-memory segment, page-locked in place on CUDA) and
-makes each ``kv_buffer[layer]`` a view of its rows:
+makes each ``kv_buffer[layer]`` a view of its rows (excluded from core dumps, and mlocked with
+``--ess-lock-host-memory``: sgl_ess.store.protected_memory):
   CPU   the host rows themselves
   CUDA  a zero-copy device view (UVA) of the registered host rows, so SGLang's own Triton
         writer (``set_mla_kv_buffer``) stores each new row straight into host memory
 Nothing else changes: SGLang's allocator hands out host locations, ``req_to_token`` maps
 tokens to them, the radix cache shares them, the index-key pool stays on the device. The
 store (``pool_adapter.EssPoolAdapter``) adopts ``ess_host_pool`` when the attention backend is
-built. Memory: owned by the pool object (so by SGLang's model runner), freed with the process.
+built. With attention TP > 1 on CPU the ranks of a node share one pool (shared_host_pool.py,
+``ess_share``): only its owner writes rows. Memory: owned by the pool object (so by SGLang's model runner), freed with the process.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 
 import torch
 
-from sgl_ess.store import HostLatentPool
+from sgl_ess.config import config_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,13 @@ def host_backed(base: type) -> type:
             itemsize = torch.empty((), dtype=self.store_dtype).element_size()
             row_bytes = self.kv_cache_dim * itemsize
             on_cuda = str(self.device).startswith("cuda")
-            self.ess_host_pool = HostLatentPool(self.layer_num, rows, row_bytes, pin=on_cuda)
+            cfg = config_from_env()
+            lock = bool(cfg is not None and cfg.lock_host_memory)   # --ess-lock-host-memory
+            from . import shared_host_pool
+
+            # one pool per attention-TP group per node (shared_host_pool.py); ess_share None: this rank's own
+            self.ess_host_pool, self.ess_share = shared_host_pool.build(self.layer_num, rows, row_bytes,
+                                                                        on_cuda=on_cuda, lock=lock)
             views = []
             for layer in range(self.layer_num):
                 host = self.ess_host_pool.rows[layer]
@@ -49,9 +57,10 @@ def host_backed(base: type) -> type:
                     host = device_view(host)
                 views.append(host.view(self.store_dtype).view(rows, 1, self.kv_cache_dim))
             self.kv_buffer = views
-            logger.info("ESS host pool: %d layers x %d rows x %d B = %.2f GB in host memory%s",
-                        self.layer_num, rows, row_bytes, self.layer_num * rows * row_bytes / 1e9,
-                        " (page-locked, zero-copy device views)" if on_cuda else "")
+            logger.info("ESS host pool: %d layers x %d rows x %d B = %.2f GB in host memory%s, excluded from core "
+                        "dumps%s", self.layer_num, rows, row_bytes, self.layer_num * rows * row_bytes / 1e9,
+                        " (page-locked, zero-copy device views)" if on_cuda else "",
+                        ", mlocked (--ess-lock-host-memory)" if lock else "")
 
     EssHostDSATokenToKVPool.__name__ = f"EssHost{base.__name__}"
     EssHostDSATokenToKVPool.__qualname__ = EssHostDSATokenToKVPool.__name__
@@ -62,8 +71,6 @@ def host_backed(base: type) -> type:
 def _around_resolve_kv_pool_class(original_fn, self, *args, kind=None, default=None, **kwargs):
     cls = original_fn(self, *args, kind=kind, default=default, **kwargs)
     if kind == "dsa":
-        from sgl_ess.config import config_from_env
-
         cfg = config_from_env()
         if cfg is not None and cfg.enabled:
             return host_backed(cls)

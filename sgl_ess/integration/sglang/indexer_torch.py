@@ -23,6 +23,8 @@ import math
 
 import torch
 
+from .padding import real_rows
+
 FP8_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
 QUANT_BLOCK = 128
@@ -147,7 +149,10 @@ def indexer_forward_native(self, x, q_lora, positions, forward_batch, layer_id, 
     rows = forward_batch.req_pool_indices.tolist()
     qf = q8.float()
     handoff = _EarlyHandoff(forward_batch, layer_id, out, req_to_token)
+    n_real = real_rows(forward_batch).n_req             # SGLang's padding rows keep top-k -1
     for i, t0, n_q, kv_len in _per_request_spans(forward_batch):
+        if i >= n_real:
+            break
         if n_q == 0 or kv_len == 0:
             continue
         locs = req_to_token[rows[i], :kv_len]
@@ -180,7 +185,7 @@ class _EarlyHandoff:
         if store is None or not mode.is_decode() or not getattr(backend, "accepts_early_plans", True):
             return
         self.store, self.fb, self.layer, self.out, self.r2t = store, forward_batch, layer_id, out, req_to_token
-        self.parts = store.early_parts(layer_id, forward_batch.batch_size)
+        self.parts = store.early_parts(layer_id, real_rows(forward_batch).n_req)   # padding rows never planned
         self.base = getattr(backend, "micro_batch_base", 0)    # a TBO child's own ring groups
 
     def row_done(self, i: int) -> None:

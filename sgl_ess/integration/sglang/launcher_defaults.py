@@ -9,6 +9,8 @@ Pool sizing, honestly (with ESS on, SGLang's token pool IS the host latent pool)
     ESS on, the host memory available minus a safety margin (sgl_ess/serving/host_memory.py).
 With ESS on, the host pool's bytes are checked against available host memory before anything loads.
 With ESS off a host-pool budget has no meaning: it is reported and warned about, not applied.
+With ``--ess-lock-host-memory`` the bytes each process will mlock (host pool, and on CPU the slot
+space) are checked against RLIMIT_MEMLOCK (sgl_ess.serving.preflight.check_memlock).
 The result is exported as ``SGLESS_POOL_SIZING`` and shown by /ess/status next to the bytes
 each scheduler really allocated.
 """
@@ -20,10 +22,11 @@ import logging
 import os
 
 from sgl_ess.config import EssConfig
+from sgl_ess.core.parallel_layout import ParallelLayout, host_pool_bytes
 from sgl_ess.models import TINY_DSV32_DIR
 from sgl_ess.serving import host_memory
-from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_hot_slots, model_geometry,
-                                       resolve_pool_tokens)
+from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_hot_slots, check_memlock, locked_bytes,
+                                       model_geometry, resolve_pool_tokens, slot_space_bytes)
 
 logger = logging.getLogger("sgl_ess")
 
@@ -117,12 +120,74 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
     sizing = {"tokens": tokens, "source": source, "ess_enabled": cfg.enabled, "page_size": page,
               "memory_pool_size_gb_requested": cfg.memory_pool_size_gb or None}
     if cfg.enabled and geo is not None:
-        sizing["host_bytes_expected"] = (tokens + page) * geo.layers * geo.latent_row_bytes
-        host_memory.check_host_pool(sizing["host_bytes_expected"], source)
+        sizing["host_bytes_expected"] = host_pool_bytes(tokens, page, geo.layers, geo.latent_row_bytes)
+        lay = parallel_layout(out)
+        pools = pools_per_node(lay, has_cuda)
+        sizing.update(pools_per_node=pools, ranks_per_node=lay["ranks_per_node"],
+                      host_bytes_per_node=pools * sizing["host_bytes_expected"])
+        if pools > 1 or lay["ranks_per_node"] > 1:
+            logger.info("ESS host pools on this node: %d pool(s) of %.3f GB = %.3f GB for %d rank(s) (%s)", pools,
+                        sizing["host_bytes_expected"] / 1e9, sizing["host_bytes_per_node"] / 1e9,
+                        lay["ranks_per_node"], "one per attention-TP group on this node, shared by its ranks"
+                        if not has_cuda else "one per rank on CUDA")
+        host_memory.check_host_pool(sizing["host_bytes_per_node"],
+                                    source if pools == 1 else f"{source}, x {pools} pools on this node")
         running = int_flag(out, "--max-running-requests")
         sizing["hot_slots_per_request"] = check_hot_slots(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
                                                           geo, running)
+    if cfg.lock_host_memory:
+        check_lock(cfg, geo, sizing, running=int_flag(out, "--max-running-requests"), has_cuda=has_cuda)
     return out, sizing
+
+
+def check_lock(cfg: EssConfig, geo, sizing: dict, running: int, has_cuda: bool) -> None:
+    """--ess-lock-host-memory: refuse it with ESS off (there is no ESS host memory to lock), and refuse
+    bytes above RLIMIT_MEMLOCK. Without a local config.json the bytes are unknown here; the mlock
+    itself then fails with the same fix when the store is built."""
+    if not cfg.enabled:
+        raise PreflightError("--ess-lock-host-memory needs ESS on: with --ess-enabled false the latent cache is "
+                             "SGLang's own pool, which sgl-ess does not allocate; drop one of the two flags")
+    if geo is None:
+        logger.info("--ess-lock-host-memory: no local config.json, so the bytes to lock are checked when the "
+                    "store is built, not before the model loads")
+        return
+    host = sizing["host_bytes_expected"]
+    slots, what = 0, f"host pool {host} B"
+    if not has_cuda and sizing.get("hot_slots_per_request") and geo.index_topk:
+        k, rows = geo.index_topk, running + 1            # SGLang keeps one padding request row
+        spec = (cfg.spec_slots or max(k, rows * k // 8)) if cfg.speculative_prefetch != "off" else 0
+        slots = slot_space_bytes(geo.layers, geo.latent_row_bytes, rows, sizing["hot_slots_per_request"], k,
+                                 cfg.ring_slots, spec)
+        what += f" + slot space {slots} B, in whole pages"
+    sizing["locked_bytes_expected"] = locked_bytes(host, slots)
+    check_memlock(sizing["locked_bytes_expected"], what)
+
+
+_ALIASES = {"tp": ("--tp", "--tp-size", "--tensor-parallel-size"), "dp": ("--dp", "--dp-size", "--data-parallel-size"),
+            "pp": ("--pp", "--pp-size", "--pipeline-parallel-size"), "nnodes": ("--nnodes",)}
+
+
+def parallel_layout(argv: list[str]) -> dict:
+    """tp, dp, pp, nnodes, dp_attention and ranks_per_node from SGLang's flags (any alias)."""
+    out = {}
+    for key, flags in _ALIASES.items():
+        vals = [int_flag(argv, f) for f in flags]
+        out[key] = next((v for v in vals if v is not None), 1)
+    out["dp_attention"] = has_flag(argv, "--enable-dp-attention")
+    out["ranks_per_node"] = _layout(out).ranks_per_node
+    return out
+
+
+def pools_per_node(lay: dict, has_cuda: bool) -> int:
+    """ESS host pools one node allocates: one per attention-TP group on the node (its ranks share it,
+    shared_host_pool.py), one per rank on CUDA (sharing there is not checked on a GPU yet). The rule
+    itself is sgl_ess.core.parallel_layout, which the capacity planner (sgl_ess.sim plan) uses too."""
+    return _layout(lay).pools_per_node(shared=not has_cuda)
+
+
+def _layout(lay: dict) -> ParallelLayout:
+    return ParallelLayout(tp=lay["tp"], dp=lay["dp"], pp=lay["pp"], nnodes=lay["nnodes"],
+                          dp_attention=lay["dp_attention"])
 
 
 def cuda_ess_defaults(argv: list[str]) -> list[str]:

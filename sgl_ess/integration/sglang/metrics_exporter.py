@@ -19,17 +19,19 @@ from . import lifecycle, scheduler_state
 
 logger = logging.getLogger("sgl_ess.metrics")
 INTERVAL_S = 1.0
+RANK_LABELS = ("rank", "dp_rank", "tp_rank", "pp_rank", "node_rank")   # every sgless_* series carries them
 _started = False
 
 
 class _Exporter:
-    def __init__(self, rank: str, link_bytes_per_s: float):
+    def __init__(self, rank_labels: dict[str, str], link_bytes_per_s: float):
+        """`rank_labels`: rank (the TP rank, as before), dp_rank, tp_rank, pp_rank, node_rank."""
         from prometheus_client import Counter, Gauge
 
-        self.rank = rank
+        self.rank_labels = dict(rank_labels)
         self.metrics = {}
         for spec in BY_NAME.values():
-            labels = ("rank",) + spec.labels
+            labels = tuple(RANK_LABELS) + spec.labels
             if spec.kind == "counter":
                 self.metrics[spec.name] = Counter(spec.name[: -len("_total")], spec.help, labels)
             else:
@@ -40,7 +42,7 @@ class _Exporter:
     def set(self, name: str, value, **labels) -> None:
         if value is None:
             return
-        self.metrics[name].labels(rank=self.rank, **labels).set(float(value))
+        self.metrics[name].labels(**self.rank_labels, **labels).set(float(value))
 
     def total(self, name: str, value, **labels) -> None:
         """Counter from a cumulative value: add the increase since the last sample."""
@@ -50,9 +52,9 @@ class _Exporter:
         delta = float(value) - self.last.get(key, 0.0)
         self.last[key] = float(value)
         if delta > 0:
-            self.metrics[name].labels(rank=self.rank, **labels).inc(delta)
+            self.metrics[name].labels(**self.rank_labels, **labels).inc(delta)
         elif delta < 0:                      # the source restarted (worker restart): count from there
-            self.metrics[name].labels(rank=self.rank, **labels).inc(float(value))
+            self.metrics[name].labels(**self.rank_labels, **labels).inc(float(value))
 
     def sample(self, sched) -> None:
         adapter = lifecycle.active_store()
@@ -117,8 +119,10 @@ def start(sched, ops) -> None:
         return
     _started = True
     try:
-        rank = str(getattr(sched, "tp_rank", 0))
-        exporter = _Exporter(rank, ops.metrics_link_gb_per_s * 1e9)
+        ident = scheduler_state.rank_identity()
+        rank_labels = {k: str(ident.get(k, 0)) for k in RANK_LABELS if k != "rank"}
+        rank_labels["rank"] = rank = rank_labels["tp_rank"]
+        exporter = _Exporter(rank_labels, ops.metrics_link_gb_per_s * 1e9)
     except ImportError as e:
         logger.error("ESS metrics off: %s (pip install prometheus_client)", e)
         return

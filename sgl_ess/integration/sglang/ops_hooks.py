@@ -31,13 +31,34 @@ _loaded = False
 
 
 def _after_internal_state(result, controller=None, *args, **kwargs):
-    from .scheduler_state import ops_state
+    from .scheduler_state import gather_ranks, ops_state, rank_identity
 
     try:
-        result.internal_state["ess_ops"] = ops_state(getattr(controller, "scheduler", None))
+        ops = ops_state(getattr(controller, "scheduler", None))
+        ops["rank"] = rank_identity()
+        result.internal_state["ess_ops"] = ops
     except Exception:  # noqa: BLE001 - status must not break the scheduler's internal-state reply
         logger.exception("ess_ops internal state")
+        ops = None
+    # outside the try: the gather is a collective every rank of the group must reach
+    ranks = gather_ranks(_rank_summary(result.internal_state, ops))
+    if ranks is not None and ops is not None:
+        ops["ranks"] = ranks
     return result
+
+
+def _rank_summary(state: dict, ops: dict | None) -> dict:
+    """What one attention-TP rank reports to rank 0 for /ess/status (small: it crosses gloo)."""
+    from . import lifecycle
+
+    store = lifecycle.active_store()
+    ess = store.usage() if store is not None else {}
+    keys = ("host_tokens_capacity", "host_bytes", "hot_requests_open", "hot_slots_used", "rows_h2d",
+            "host_pool_role", "host_pool_inode", "host_pool_members")
+    out = {k: ess[k] for k in keys if k in ess}
+    if ops:
+        out.update(rank=ops.get("rank"), host_tokens_live=ops.get("host_tokens_live"))
+    return out
 
 
 def _around_batch_invariant_mode(original_fn, *args, **kwargs):

@@ -92,7 +92,7 @@ class EssPoolAdapter:
             max_requests=max_requests, topk=self.topk, max_context_tokens=req_to_token.shape[1],
             device=str(model_runner.device), warmup_window=cfg.warmup_queries, ring_slots=cfg.ring_slots,
             spec_slots=(cfg.spec_slots or max(self.topk, max_requests * self.topk // 8))
-            if cfg.speculative_prefetch != "off" else 0)
+            if cfg.speculative_prefetch != "off" else 0, lock_host=cfg.lock_host_memory)
         self.cfg = cfg
         # input checks read values back to the host: on the CPU once per step (layer 0), never on CUDA
         self.validate = str(model_runner.device) == "cpu"
@@ -100,6 +100,8 @@ class EssPoolAdapter:
         self.profile = load_profile(cfg) if self.level == "full" else None
         self.store = LatentStore(self.store_cfg, engine=cfg.prefetch_engine, speculative=cfg.speculative_prefetch,
                                  host_pool=host)
+        self.share = getattr(pool, "ess_share", None)       # shared_host_pool.Share, or None (own pool)
+        self.host_writer = host.writer
         self.runner_id = id(model_runner)
         self.req_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
@@ -330,6 +332,8 @@ class EssPoolAdapter:
                     self.store.close(r)
 
     def clear_locs(self, locs: torch.Tensor) -> None:
+        if not self.host_writer:         # a node's shared pool: its owner rank zeroes released rows
+            return
         with self._lock:
             self.store.clear_host(locs.reshape(-1).long())
 
@@ -355,4 +359,6 @@ class EssPoolAdapter:
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
         u.update(self.spec_usage())
+        if self.share is not None:
+            u.update(self.share.describe())
         return u

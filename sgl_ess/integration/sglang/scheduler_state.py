@@ -60,3 +60,33 @@ def merged(state: dict) -> dict:
     if out.get("host_bytes"):
         out["memory_pool_size_gb_effective"] = out["host_bytes"] / 1e9
     return out
+
+
+def rank_identity() -> dict:
+    """Where this scheduler process sits: SGLang's parallel ranks and the node (``--node-rank``)."""
+    import os
+
+    from sglang.srt.runtime_context import get_parallel, get_server_args
+
+    par = get_parallel()
+    out = {"pid": os.getpid()}
+    for name in ("tp_rank", "attn_tp_rank", "attn_dp_rank", "pp_rank", "moe_ep_rank"):
+        try:
+            out[name] = int(getattr(par, name))
+        except Exception:  # noqa: BLE001 - a width this layout does not define
+            pass
+    out["dp_rank"] = out.get("attn_dp_rank", 0)
+    out["node_rank"] = int(getattr(get_server_args(), "node_rank", 0) or 0)
+    return out
+
+
+def gather_ranks(summary: dict) -> list[dict] | None:
+    """Every attention-TP rank's `summary`, gathered on all of them (one collective over the group's
+    gloo group: every rank runs the internal-state handler, SGLang broadcasts control requests to
+    all). None with one rank per attention group."""
+    from sglang.srt.distributed.parallel_state import get_attn_tp_group
+
+    group = get_attn_tp_group()
+    if group.world_size <= 1:
+        return None
+    return group.all_gather_object(summary)

@@ -93,6 +93,20 @@ def _die(code: int, message: str) -> None:
     sys.exit(code)
 
 
+def _reason(e: BaseException) -> str:
+    """The exception's first line; for a bare assert, where SGLang asserted (file:line: source)."""
+    text = str(e).strip()
+    if text:
+        return text.splitlines()[0]
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return type(e).__name__
+    f = frames[-1]
+    return f"{type(e).__name__} at {os.path.basename(f.filename)}:{f.lineno}: {(f.line or '').strip()}"
+
+
 def _serve(server_args, keys: Keys) -> None:
     from sglang.launch_server import run_server
 
@@ -144,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
 
-    from . import crash_handler, health, ops_hooks, request_guard, runtime_config, status_route
+    from . import compat, crash_handler, health, ops_hooks, request_guard, runtime_config, status_route
 
     load_plugins()
     if not ops_hooks.is_loaded():
@@ -152,10 +166,14 @@ def main(argv: list[str] | None = None) -> None:
                                 "reinstall sgl-ess: bash launch/setup.sh, or pip install -e .")
     try:
         server_args = prepare_server_args(sgl_argv)
+        refused = compat.parallel_refusals(server_args)
+        if refused:
+            _die(exit_codes.CONFIG, "; ".join(refused))
         server_args.custom_sigquit_handler = crash_handler.launch_phase_handler
         server_args.resolve_once()                      # SGLang's own checks, still before the model loads
-    except (ValueError, TypeError) as e:
-        _die(exit_codes.CONFIG, f"SGLang refused the arguments: {e}")
+    except (ValueError, TypeError, AssertionError) as e:   # SGLang states many of its checks as asserts
+        _die(exit_codes.CONFIG, f"SGLang refused the arguments: {_reason(e)}")
+    process_env.bind_cpu_threads(server_args, has_cuda)
     logger.info("%s", cfg.summary())
     logger.info("sgl_ess.launch_server: pool: %s", sizing_json(sizing))
     logger.info("sgl_ess.launch_server: SGLang args: %s", " ".join(redact_argv(sgl_argv)))

@@ -15,6 +15,8 @@ verifying and closing hot buffers happen here, once.
   draft extend v2          (``EssPoolAdapter.verify``)
   decode                   reserve the newest row, plan, land, attend over the slot space, commit
                            (``EssPoolAdapter.decode``); an EAGLE draft step reads committed rows only
+SGLang's padding rows (DP attention, TBO children, an idle DP rank's fabricated extend: padding.py)
+never reach the store: they are cut off before it is called and their outputs are zero.
 The store's own fence (``fence_host``) runs before any forward writes a row. Memory: none of its
 own; tensors belong to SGLang's pools and the store. No sglang import: forward batches are read
 through their attributes.
@@ -26,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from .padding import real_rows
 from .speculative import ROLE_DRAFT_DECODE, QueryLayout, num_draft_tokens, query_layout
 
 
@@ -95,6 +98,7 @@ class StoreForward:
     def extend(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
         """Any EXTEND-family forward. q [T, H*D]; topk int [T, k] positions. Returns [T, H*R]."""
         lay = self.layout(forward_batch)
+        real = real_rows(forward_batch)
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
             return self.speculative(q, layer, forward_batch, topk, lay)
@@ -102,8 +106,14 @@ class StoreForward:
             return self.mixed(q, layer, forward_batch, topk, lay)
         reqs = forward_batch.req_pool_indices
         tok_req = torch.repeat_interleave(reqs.long(), torch.tensor(lay.n_q, device=reqs.device))
+        if tok_req.numel() < q.shape[0]:    # DP padding tokens after the last request: read as row 0
+            tok_req = torch.cat([tok_req, tok_req.new_zeros(q.shape[0] - tok_req.numel())])
         out = self.kernels.prefill(q, layer, forward_batch, topk, tok_req, None)
-        self.after_prefill(layer, reqs.tolist(), lay.kv_lens, lay.n_q, topk)
+        if real.padded:
+            out[real.n_tok:] = 0
+        n = real.n_req
+        if n:
+            self.after_prefill(layer, reqs.tolist()[:n], lay.kv_lens[:n], lay.n_q[:n], topk[:real.n_tok])
         return out
 
     def speculative(self, q, layer, forward_batch, topk, lay: QueryLayout):
@@ -113,15 +123,25 @@ class StoreForward:
         if any(x != n for x in lay.n_q):
             raise ValueError(f"{forward_batch.forward_mode.name}: expected the same number of query tokens per "
                              f"request (num_draft_tokens), got {lay.n_q}")
-        reqs = forward_batch.req_pool_indices.long()
-        committed = torch.tensor(lay.committed, dtype=torch.int64, device=reqs.device)
+        real = real_rows(forward_batch)
+        b = real.n_req
+        reqs = forward_batch.req_pool_indices.long()[:b]
+        committed = torch.tensor(lay.committed[:b], dtype=torch.int64, device=reqs.device)
         if layer.layer_id == 0:
-            check_write_positions(forward_batch.out_cache_loc, reqs, committed, n, self.r2t,
+            check_write_positions(forward_batch.out_cache_loc[:b * n], reqs, committed, n, self.r2t,
                                   forward_batch.forward_mode.name)
-        topk3 = topk.reshape(reqs.numel(), n, topk.shape[-1])
-        return self.store.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
-                                 lambda rows, valid: self.kernels.gathered(q, layer, rows, valid),
-                                 micro_batch=self.backend.micro_batch_base)
+        if not real.padded:
+            topk3 = topk.reshape(b, n, topk.shape[-1])
+            return self.store.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
+                                     lambda rows, valid: self.kernels.gathered(q, layer, rows, valid),
+                                     micro_batch=self.backend.micro_batch_base)
+        out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+        if b:
+            qr = q[:b * n]
+            out[:b * n] = self.store.verify(layer.layer_id, reqs, committed, topk[:b * n].reshape(b, n, -1), self.r2t,
+                                            lambda rows, valid: self.kernels.gathered(qr, layer, rows, valid),
+                                            micro_batch=self.backend.micro_batch_base)
+        return out
 
     def riding(self, forward_batch, lay: QueryLayout) -> list[bool]:
         """Per request of an extend batch: a running request riding in a mixed chunked-prefill
@@ -130,7 +150,8 @@ class StoreForward:
         if forward_batch.forward_mode.is_target_verify() or forward_batch.forward_mode.is_draft_extend_v2():
             return []
         rows = forward_batch.req_pool_indices.tolist()
-        return [n == 1 and self.store.is_open(r) for n, r in zip(lay.n_q, rows)]
+        n_real = real_rows(forward_batch).n_req      # a padding row points at row 0, maybe a live request's
+        return [i < n_real and n == 1 and self.store.is_open(r) for i, (n, r) in enumerate(zip(lay.n_q, rows))]
 
     def mixed(self, q, layer, forward_batch, topk, lay: QueryLayout):
         """A mixed chunked-prefill batch: prefill rows read the full history and (re)open their hot
@@ -140,7 +161,7 @@ class StoreForward:
         dec = self.riding(forward_batch, lay)
         first = [sum(lay.n_q[:i]) for i in range(len(rows))]
         tok_req = torch.repeat_interleave(forward_batch.req_pool_indices.long(), torch.tensor(lay.n_q))
-        out = q.new_empty(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+        out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         pre_tok = torch.tensor([t for i, f in enumerate(first) if not dec[i] for t in range(f, f + lay.n_q[i])],
                                dtype=torch.int64)
         dec_idx = [i for i in range(len(rows)) if dec[i]]
@@ -162,7 +183,7 @@ class StoreForward:
                                   lambda qq, r, s: self.kernels.slots(qq, layer, r, s),
                                   single_call=self.kernels.single_call)
             out[tok] = o.to(q.dtype).reshape(q3.shape[0], -1)
-        pre = [i for i in range(len(rows)) if not dec[i]]
+        pre = [i for i in range(real_rows(forward_batch).n_req) if not dec[i]]
         if pre:
             keep = torch.cat([torch.arange(first[i], first[i] + lay.n_q[i]) for i in pre])
             self.after_prefill(layer, [rows[i] for i in pre], [lay.kv_lens[i] for i in pre],
@@ -176,10 +197,19 @@ class StoreForward:
     # --- decode ------------------------------------------------------------------------------
     def decode(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
         """A DECODE forward (also an EAGLE draft step). q [b, H*D]; topk int [b, k]. Returns
-        [b, H*R] in q's dtype."""
-        loc = forward_batch.out_cache_loc
-        seq_lens = forward_batch.seq_lens
-        reqs = forward_batch.req_pool_indices.long()
+        [b, H*R] in q's dtype (zero for SGLang's padding rows)."""
+        real = real_rows(forward_batch)
+        if not real.padded:
+            return self._decode(q, layer, forward_batch, topk, q.shape[0])
+        out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+        if real.n_req:
+            out[:real.n_req] = self._decode(q[:real.n_req], layer, forward_batch, topk[:real.n_req], real.n_req)
+        return out
+
+    def _decode(self, q, layer, forward_batch, topk, b_real: int) -> torch.Tensor:
+        loc = forward_batch.out_cache_loc[:b_real]
+        seq_lens = forward_batch.seq_lens[:b_real]
+        reqs = forward_batch.req_pool_indices[:b_real].long()
         q3 = q.reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
         attend = lambda qq, rows, slots: self.kernels.slots(qq, layer, rows, slots)  # noqa: E731
         b = self.backend

@@ -1,0 +1,201 @@
+"""One ESS host pool per attention-TP group per node, shared by its ranks (issue 17).
+
+MLA's latent row (and the indexer key) is the same on every attention-TP rank: SGLang's TP
+ranks compute it from the same hidden state and each keeps a full copy. With ESS the copies
+would be host pools, so TP 8 would keep 8 identical pools on a node. Instead:
+
+  who shares   the ranks of one attention-TP group that run on the same node. "Node" is SGLang's
+               ``--node-rank``, never the hostname, so two test "nodes" on one machine keep two
+               pools. DP attention with one rank per attention group shares nothing.
+  hand-over    the group's lowest rank on the node (the owner) creates the memfd pool; the others
+               receive its file descriptor over an abstract AF_UNIX socket (SCM_RIGHTS) and map it.
+               The socket's name travels through the group's own collective (gloo); nothing listens
+               on a port, and the name dies with the owner.
+  writes       only the owner writes latent rows and zeroes released ones (its allocator state,
+               like every rank's, is the same: the ranks run the same batches in lockstep).
+  ordering     a row written in an earlier layer or step is ordered before any reader's access by
+               the per-layer collectives between them (o_proj's all-reduce). The rows of the layer
+               in progress are not: the owner publishes a per-layer write count (``WriteEpochs``, a
+               tiny shared segment, stored after the rows) and a reader waits for it before it
+               reads. x86 keeps stores in order (TSO); other CPUs would need a fence here.
+  lockstep     every ``GUARD_EVERY`` forwards the members compare a hash of what they wrote
+               (locations, request rows, sequence lengths); a mismatch stops the scheduler.
+  debug        ``SGLESS_SHARED_POOL_READONLY=1``: readers map the pool PROT_READ, so a write by a
+               reader faults at once (the test suite runs with it).
+CUDA: not shared yet. A reader would need a system-scope fence after the owner's GPU write and the
+pool registered in each process (cudaHostRegister); that needs a GPU to check, so on CUDA each
+rank keeps its own pool, as before, and says so at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from sgl_ess.store import HostLatentPool
+from sgl_ess.store.shared_memory import SharedSegment
+
+logger = logging.getLogger(__name__)
+
+ENV_READONLY = "SGLESS_SHARED_POOL_READONLY"
+EPOCHS_LABEL = "sgl_ess_epochs"
+GUARD_EVERY = 16                 # forwards between lockstep checks
+WAIT_TIMEOUT_S = 120.0           # a reader waiting this long for the owner's rows: lockstep is lost
+HANDOVER_TIMEOUT_S = 120.0
+
+
+class LockstepError(RuntimeError):
+    """The ranks sharing a host pool no longer run the same batches (or the owner stopped)."""
+
+
+class WriteEpochs:
+    """Per-layer count of forwards whose rows the owner has written (int64 [layers], shared)."""
+
+    def __init__(self, segment: SharedSegment, layers: int):
+        self.segment = segment
+        self.shared = segment.tensor(torch.int64, (layers,))
+        self.count = [0] * layers
+
+    def written(self, layer: int) -> None:
+        """Owner: this forward's rows of `layer` are in the pool."""
+        self.count[layer] += 1
+        self.shared[layer] = self.count[layer]
+
+    def wait(self, layer: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """Reader: return once the owner has written this forward's rows of `layer`."""
+        self.count[layer] += 1
+        want = self.count[layer]
+        spins, deadline = 0, None
+        while int(self.shared[layer]) < want:
+            spins += 1
+            if spins > 1000:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout_s
+                elif time.monotonic() > deadline:
+                    raise LockstepError(
+                        f"ESS shared host pool: waited {timeout_s:g} s for the owner's rows of layer {layer} "
+                        f"(forward {want}, owner at {int(self.shared[layer])}): the TP ranks are out of lockstep "
+                        "or the owner rank stopped")
+                time.sleep(0.0002)
+
+
+@dataclass
+class Share:
+    """How this rank takes part in its node's shared pool."""
+    writer: bool
+    members: list[int]                  # ranks in the attention-TP group that share this pool
+    group_rank: int
+    node_rank: int
+    inode: int
+    epochs: WriteEpochs
+    group: object = field(repr=False)   # SGLang's GroupCoordinator (its gloo cpu group)
+    readonly: bool = False
+    _forwards: int = 0
+    _digest: int = 0
+
+    def before_read(self, layer: int) -> None:
+        if not self.writer:
+            self.epochs.wait(layer)
+
+    def after_write(self, layer: int) -> None:
+        if self.writer:
+            self.epochs.written(layer)
+
+    def check_lockstep(self, loc: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        """Once per forward (layer 0): fold what this forward writes into a digest; every
+        GUARD_EVERY forwards compare it across the group (one small collective)."""
+        d = self._digest
+        for t in (loc, reqs, seq_lens):
+            d = zlib.crc32(t.detach().to("cpu", torch.int64).numpy().tobytes(), d)
+        self._digest, self._forwards = d, self._forwards + 1
+        if self._forwards % GUARD_EVERY:
+            return
+        got = self.group.all_gather_object((self.node_rank, self._forwards, d))
+        mine = [g for g in got if g[0] == self.node_rank]
+        if any(g[1:] != mine[0][1:] for g in mine):
+            raise LockstepError(f"ESS shared host pool: the TP ranks sharing node {self.node_rank}'s pool wrote "
+                                f"different rows (forward, digest per rank: {[g[1:] for g in mine]}); stopping "
+                                "rather than reading rows another rank did not write")
+
+    def describe(self) -> dict:
+        return {"host_pool_role": "writer" if self.writer else "reader", "host_pool_inode": self.inode,
+                "host_pool_members": list(self.members), "host_pool_readonly": self.readonly}
+
+
+def _node_rank() -> int:
+    from sglang.srt.runtime_context import get_server_args
+
+    return int(getattr(get_server_args(), "node_rank", 0) or 0)
+
+
+def _send_fds(server: socket.socket, n_peers: int, fds: list[int]) -> None:
+    server.settimeout(HANDOVER_TIMEOUT_S)
+    for _ in range(n_peers):
+        conn, _ = server.accept()
+        with conn:
+            socket.send_fds(conn, [b"sgl-ess host pool"], fds)
+
+
+def _recv_fds(name: str, n: int) -> list[int]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(HANDOVER_TIMEOUT_S)
+        s.connect("\0" + name)
+        _, fds, _, _ = socket.recv_fds(s, 64, n)
+    if len(fds) != n:
+        raise RuntimeError(f"ESS shared host pool: received {len(fds)} file descriptors from the owner; expected {n}")
+    return fds
+
+
+def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool) -> tuple[HostLatentPool, Share | None]:
+    """The host pool of this rank: its own, or its node's shared one. Every rank of the attention-TP
+    group must call this at the same point (SGLang builds the pools in lockstep)."""
+    from sglang.srt.distributed.parallel_state import get_attn_tp_group
+
+    group = get_attn_tp_group()
+    if group.world_size <= 1 or on_cuda:
+        if group.world_size > 1:
+            logger.info("ESS host pool: one per rank on CUDA (sharing across the %d attention-TP ranks needs a "
+                        "system-scope fence that has not been checked on a GPU)", group.world_size)
+        return HostLatentPool(layers, rows, row_bytes, pin=on_cuda, lock=lock), None
+    node = _node_rank()
+    me = group.rank_in_group
+    infos = group.all_gather_object(node)
+    members = [r for r, n in enumerate(infos) if n == node]
+    writer = me == members[0]
+    readonly = os.environ.get(ENV_READONLY) == "1"
+    name = f"sgl_ess_pool_{os.getpid()}_{uuid.uuid4().hex[:12]}" if writer else None
+    server = None
+    if writer:
+        pool = HostLatentPool(layers, rows, row_bytes, lock=lock)
+        epochs_seg = SharedSegment(8 * layers, label=EPOCHS_LABEL)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind("\0" + name)
+        server.listen(len(members))
+    names = group.all_gather_object(name)
+    try:
+        if writer:
+            _send_fds(server, len(members) - 1, [pool.segment.fd, epochs_seg.fd])
+        else:
+            host_fd, epochs_fd = _recv_fds(names[members[0]], 2)
+            pool = HostLatentPool(layers, rows, row_bytes, lock=lock, fd=host_fd, readonly=readonly)
+            epochs_seg = SharedSegment.attach(epochs_fd, 8 * layers, label=EPOCHS_LABEL)
+    finally:
+        if server is not None:
+            server.close()
+    inode = os.fstat(pool.segment.fd).st_ino
+    inodes = group.all_gather_object((node, inode))
+    if len({i for n, i in inodes if n == node}) != 1:
+        raise RuntimeError(f"ESS shared host pool: ranks on node {node} mapped different segments {inodes}")
+    share = Share(writer=writer, members=members, group_rank=me, node_rank=node, inode=inode,
+                  epochs=WriteEpochs(epochs_seg, layers), group=group, readonly=readonly and not writer)
+    logger.info("ESS host pool: shared by attention-TP ranks %s on node %d (this rank: %s; memfd inode %d)",
+                members, node, "owner, writes and zeroes" if writer else
+                "reader" + (", mapped read-only" if share.readonly else ""), inode)
+    return pool, share

@@ -25,6 +25,7 @@ from pathlib import Path
 import orjson
 import zmq
 
+from sgl_ess.prefetch.ipc_dir import IPC_DIR_PREFIX, ipc_base_dir
 from sgl_ess.prefetch.protocol import Stop, encode
 
 
@@ -40,10 +41,7 @@ def exit_text(rc: int | None) -> str:
 
 
 def _private_dir() -> Path:
-    base = tempfile.gettempdir()
-    if len(base) > 60:                         # ipc:// paths must fit sockaddr_un (108 bytes)
-        base = "/tmp"
-    path = Path(tempfile.mkdtemp(prefix="sgless-prefetch-", dir=base))
+    path = Path(tempfile.mkdtemp(prefix=IPC_DIR_PREFIX, dir=ipc_base_dir()))   # ipc_dir.py: the path rule
     os.chmod(path, 0o700)
     return path
 

@@ -97,6 +97,15 @@ FIELDS: tuple[EssField, ...] = (
              "latent rows are never swapped to disk. Needs RLIMIT_MEMLOCK >= those bytes per process (ulimit -l; "
              "systemd LimitMEMLOCK; docker --ulimit memlock) or CAP_IPC_LOCK; checked before the model loads. "
              "Latent mappings are excluded from core dumps and sealed against resizing with or without it."),
+    EssField("slo_tpot_ms", float, 0.0,
+             "Decode TPOT target in ms: new requests are admitted only while the measured inter-token latency "
+             "(percentile --ess-slo-itl-percentile of recent decode steps) stays within it; running requests are "
+             "never preempted. 0 = off (SGLang's own batching). Needs attention TP 1.", minimum=0.0),
+    EssField("slo_itl_percentile", float, 50.0,
+             "Which percentile of recent decode-step times the SLO target applies to (50 = median).",
+             minimum=1.0),
+    EssField("slo_min_batch", int, 1,
+             "The SLO controller never caps running requests below this.", minimum=1),
     EssField("enable_mtp", bool, None,
              "MTP (speculative multi-token: EAGLE / NextN) compatibility mode. Unset = follow SGLang's "
              "--speculative-algorithm; true requires it (EAGLE or NEXTN, --speculative-eagle-topk 1); false refuses "
@@ -123,6 +132,9 @@ class EssConfig:
     spec_slots: int = 0
     warmup_queries: int = 32
     lock_host_memory: bool = False
+    slo_tpot_ms: float = 0.0
+    slo_itl_percentile: float = 50.0
+    slo_min_batch: int = 1
     enable_mtp: bool | None = None                 # None: follow SGLang's --speculative-algorithm
     enable_two_batch_overlap: bool | None = None   # None: follow SGLang's --enable-two-batch-overlap
     # Keys of ``inference_engine`` in the YAML file, mapped onto SGLang flags by the launcher.

@@ -3,7 +3,8 @@
 Exported through SGLang's own ``--enable-metrics`` (the same ``/metrics`` endpoint as
 ``sglang:*``): each scheduler process updates them once a second from the ESS store adapter's
 ``usage()`` dict (integration/sglang/metrics_exporter.py); prometheus_client's multiprocess
-mode merges the processes. Labels: ``rank`` (scheduler rank) on every metric, plus the listed ones.
+mode merges the processes. Labels on every metric: ``rank`` (the scheduler's TP rank), ``dp_rank``,
+``tp_rank``, ``pp_rank``, ``node_rank``; plus the listed ones.
 Counters follow Prometheus naming (``_total``); rates and ratios are for PromQL (see
 launch/monitoring/ess_alerts.yml and ess_dashboard.json, whose queries tests check against
 this table).
@@ -34,8 +35,13 @@ this table).
 | sgless_prefetch_dropped_total            | counter | tier      | plans dropped (speculative past its deadline)                   |
 | sgless_prefetch_worker_restarts_total    | counter |           | prefetch worker restarts (should stay 0)                        |
 | sgless_prefetch_speculative_precision    | gauge   |           | share of speculatively fetched rows that were then used         |
+| sgless_slo_tpot_target_ms                | gauge   |           | the decode TPOT target (--ess-slo-tpot-ms; absent when off)     |
+| sgless_slo_tpot_measured_ms              | gauge   |           | the controller's last measured step-time percentile             |
+| sgless_slo_batch_cap                     | gauge   |           | running requests the SLO controller currently allows            |
+| sgless_slo_cap_changes_total             | counter |           | how often the cap moved (a flapping cap shows as a high rate)   |
 
-Prefetch metrics appear once the store reports ``usage()["prefetch"]``; missing keys are skipped.
+Prefetch metrics appear once the store reports ``usage()["prefetch"]``; SLO metrics only with a
+TPOT target; missing keys are skipped.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ def test_bind_is_set_for_multi_rank_cpu_runs_only(monkeypatch):
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND")
     one = SimpleNamespace(tp_size=1, dp_size=1, pp_size=1, enable_dp_attention=False, nnodes=1)
     assert process_env.bind_cpu_threads(one, has_cuda=False) is None
+    per_node = SimpleNamespace(tp_size=2, dp_size=1, pp_size=1, enable_dp_attention=False, nnodes=2)
+    value = process_env.bind_cpu_threads(per_node, has_cuda=False)       # one rank here, two in the run
+    assert value is not None and "|" not in value
 
 
 def test_gloo_interface_follows_dist_init_addr_not_host(monkeypatch):

@@ -45,6 +45,18 @@ def refusals(args: Any, cfg: EssConfig, has_cuda: bool) -> list[str]:
     if cfg.enable_two_batch_overlap is False and tbo:
         out.append("--enable-two-batch-overlap was given but ess_config.enable_two_batch_overlap is false: remove one "
                    "of them (unset follows the flag)")
+    if cfg.slo_tpot_ms > 0:
+        tp, dp = int(getattr(args, "tp_size", 1) or 1), int(getattr(args, "dp_size", 1) or 1)
+        attn_tp = tp // dp if getattr(args, "enable_dp_attention", False) else tp
+        if attn_tp > 1:
+            out.append(f"--ess-slo-tpot-ms with attention TP {attn_tp}: the SLO cap is decided from each rank's own "
+                       "step times, and the ranks of a TP group must schedule identical batches; use DP attention "
+                       "(--enable-dp-attention --dp = --tp) or drop --ess-slo-tpot-ms")
+        if cfg.slo_itl_percentile > 100:
+            out.append(f"--ess-slo-itl-percentile {cfg.slo_itl_percentile:g}: expected a percentile in [1, 100]")
+        if spec:
+            out.append("--ess-slo-tpot-ms with --speculative-algorithm: a decode step emits several tokens, so a step "
+                       "time is not a TPOT; not built")
     if not cfg.enabled:
         return out
     if spec:

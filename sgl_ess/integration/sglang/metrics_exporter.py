@@ -58,6 +58,14 @@ class _Exporter:
 
     def sample(self, sched) -> None:
         adapter = lifecycle.active_store()
+        from . import slo_hooks
+
+        slo = slo_hooks.state()
+        if slo is not None:
+            self.set("sgless_slo_tpot_target_ms", slo["target_ms"])
+            self.set("sgless_slo_tpot_measured_ms", slo["measured_ms"])
+            self.set("sgless_slo_batch_cap", slo["cap"])
+            self.total("sgless_slo_cap_changes_total", slo["changes"])
         q = scheduler_state.queue_state(sched)
         self.set("sgless_queue_requests", q["waiting_requests"])
         self.set("sgless_queue_oldest_wait_seconds", q["oldest_wait_s"])

@@ -36,6 +36,10 @@ def _after_internal_state(result, controller=None, *args, **kwargs):
     try:
         ops = ops_state(getattr(controller, "scheduler", None))
         ops["rank"] = rank_identity()
+        from . import slo_hooks
+
+        if slo_hooks.state() is not None:
+            ops["slo"] = slo_hooks.state()
         result.internal_state["ess_ops"] = ops
     except Exception:  # noqa: BLE001 - status must not break the scheduler's internal-state reply
         logger.exception("ess_ops internal state")

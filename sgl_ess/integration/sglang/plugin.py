@@ -21,8 +21,10 @@ def load_plugin() -> None:
     _loaded = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sgl_ess.config import config_from_env
+
     from . import (backend_registration, compat, cpu_fixes, cuda_backend, dummy_init, host_pool_class, lifecycle,
-                   runtime_config, spec_cpu_kernels, speculative, targets)
+                   runtime_config, slo_hooks, spec_cpu_kernels, speculative, targets)
     from .indexer_torch import indexer_forward_native
 
     cpu_fixes.register()
@@ -37,4 +39,7 @@ def load_plugin() -> None:
     host_pool_class.register()
     cuda_backend.register()        # CUDA processes with ESS on only
     dummy_init.register()
+    cfg = config_from_env()
+    if cfg is not None and cfg.slo_tpot_ms > 0:
+        slo_hooks.register()        # only with a TPOT target: otherwise SGLang's scheduling is untouched
     logger.info("sgl-ess plugin loaded (ess attention backend, torch DSA indexer, lifecycle hooks)")

@@ -8,9 +8,9 @@
   * gloo's own sockets (``GLOO_SOCKET_IFNAME``): one node with a loopback ``--host`` -> ``lo``;
     several nodes -> the interface this machine reaches ``--dist-init-addr`` through (``lo`` when
     that address is loopback, e.g. two test "nodes" on one machine), never chosen from ``--host``.
-  * no CUDA and more than one rank on this node: ``SGLANG_CPU_OMP_THREADS_BIND``, the cores this
-    process may run on (its affinity) split into one contiguous group per local rank (SGLang
-    otherwise refuses more ranks than NUMA nodes). Fewer cores than ranks: cores are shared
+  * no CUDA and more than one rank in the run: ``SGLANG_CPU_OMP_THREADS_BIND``, the cores this
+    process may run on (its affinity) split into one contiguous group per rank on this node
+    (SGLang otherwise refuses more ranks in the whole run than this node has NUMA nodes). Fewer cores than ranks: cores are shared
     round-robin, with a warning.
 A value the user already set is never overridden.
 """
@@ -127,8 +127,8 @@ def bind_cpu_threads(server_args, has_cuda: bool) -> str | None:
         return None
     ranks = ranks_on_this_node(server_args.tp_size, server_args.dp_size, server_args.pp_size,
                                bool(server_args.enable_dp_attention), server_args.nnodes)
-    if ranks <= 1:
-        return None
+    if ranks * max(1, server_args.nnodes) <= 1:
+        return None             # SGLang checks the whole world's ranks; its bind list is per node
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < ranks:
         logger.warning("%d ranks on this node but %d cores: ranks share cores (set SGLANG_CPU_OMP_THREADS_BIND "

@@ -185,6 +185,12 @@ def main(argv: list[str] | None = None) -> None:
     route_guard.install(ops, keys)                      # last added = outermost: every request meets it first
     try:
         _serve(server_args, keys)
+        if int(getattr(server_args, "node_rank", 0) or 0) > 0:
+            # a node other than 0 serves no HTTP: SGLang returns only once its schedulers ended (a SIGTERM to
+            # this launcher would have ended it first), so this is a crash of this node or of its peers
+            crash_handler.fatal_exit(exit_codes.PROCESS_DIED,
+                                     f"the scheduler processes of node rank {server_args.node_rank} ended while "
+                                     "serving (their error, or the peer that failed, is above)")
     except KeyboardInterrupt:
         pass
     except Exception as e:  # noqa: BLE001 - one line and a distinct code instead of a bare traceback

@@ -28,6 +28,8 @@ DRAFT_BACKEND_CREATE = "sglang.srt.speculative.draft_utils.DraftBackendFactory._
 GET_LAST_LOC = "sglang.srt.mem_cache.allocation.get_last_loc"
 NEXTN_POST_LOAD = "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN.post_load_weights"
 SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
+SCHEDULER_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+SCHEDULER_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_reqs"
 BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
@@ -54,6 +56,8 @@ PATCHED = {
     INTERNAL_STATE: "AFTER (three hooks): ESS host-pool / hot-buffer usage (ess), the pool split / queue "
                     "(ess_ops) and the EAGLE draft runner's store (ess.draft) into the scheduler's internal state",
     SCHEDULER_INIT_INFO: "AFTER: once per scheduler when it is ready: memory report, metrics thread",
+    SCHEDULER_RUN_BATCH: "AFTER (--ess-slo-tpot-ms only): the end of each decode step, the SLO controller's sample",
+    SCHEDULER_ALLOCATABLE: "AROUND (--ess-slo-tpot-ms only): new requests admitted up to the SLO controller's cap",
     BATCH_INVARIANT_MODE: "AROUND: without CUDA/XPU, deterministic mode skips SGLang's GPU-only batch-invariant "
                           "kernels (seeded sampling stays on)",
     DSA_BACKEND_CLASS: "REPLACE (CUDA, ESS on): SGLang's DSA backend subclass whose decode reads the slot space",

@@ -1,0 +1,53 @@
+"""Issue 19: the SLO batch controller (pure Python): it moves the running-request cap from measured
+step times with hysteresis and a floor, never winds up while the load is below the cap, and admits
+no more than SGLang itself would."""
+
+import pytest
+
+from sgl_ess.core.slo_control import SloBatchController, SloSettings, percentile
+
+
+def _run(c, step_ms_of_batch, running_of_cap, steps, t0=0.0):
+    t = t0
+    for _ in range(steps):
+        t += step_ms_of_batch(min(c.cap, running_of_cap)) / 1000.0
+        c.step_done(t, min(c.cap, running_of_cap))
+    return t
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([5, 1, 3, 2, 4], 50) == 3 and percentile([5, 1, 3, 2, 4], 100) == 5
+    assert percentile([], 50) == 0.0
+
+
+def test_cap_settles_where_step_time_meets_the_target():
+    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=64, hysteresis=0.05))
+    step = lambda b: 10.0 + 2.0 * b            # noqa: E731 - 20 requests -> 50 ms
+    _run(c, step, running_of_cap=64, steps=2000)
+    assert abs(step(c.cap) - 50.0) <= 50.0 * 0.05 + 2.0, c.state()     # within the band, +- one request
+    assert c.changes > 0
+
+
+def test_no_wind_up_below_the_cap_and_the_floor_holds():
+    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=64, floor=4))
+    _run(c, lambda b: 5.0, running_of_cap=3, steps=500)     # fast steps but only 3 requests: cap stays
+    assert c.cap == 64
+    _run(c, lambda b: 500.0, running_of_cap=64, steps=2000, t0=100.0)   # every step too slow: floor
+    assert c.cap == 4
+
+
+def test_idle_gaps_are_not_samples_and_admit_never_exceeds_sglang():
+    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=8, every=1, window=1))
+    c.step_done(0.0, 4)
+    c.step_done(10.0, 4)                       # 10 s later: an idle server, not a 10 s TPOT
+    assert c.cap == 8 and not c.samples
+    assert c.admit(running=6, allocatable=5) == 2 and c.admit(running=2, allocatable=1) == 1
+    assert c.admit(running=9, allocatable=5) == 0
+
+
+@pytest.mark.parametrize("kw", [{"target_ms": 0}, {"percentile": 0}, {"floor": 0}, {"floor": 9}])
+def test_bad_settings_name_the_flag(kw):
+    base = dict(target_ms=10.0, max_cap=8)
+    base.update(kw)
+    with pytest.raises(ValueError, match="--ess-slo"):
+        SloSettings(**base)

@@ -4,6 +4,8 @@ suites:
   store      resolver cost (list-based torch, sort-based torch, oracle) and warmup misses (bench/store_bench.py)
   kernels    Triton resolver and sparse-MLA decode vs their torch paths (CUDA timings) (bench/kernels_bench.py)
   prefetch   exposed fetch time per overlap level and engine (CPU; --device cuda)     (bench/prefetch_bench.py)
+             --predictors a,b,..: speculative predictors on top-k traces vs exact LRU (bench/predictor_bench.py)
+  trace      record a top-k trace from the embedded server, or --synthetic             (bench/trace_suite.py)
   serving    SGLang bench_serving against the real server, ESS off vs on              (bench/serving_suite.py)
   ops        operator profile of the model for the simulator (CPU; --device cuda)     (bench/ops_bench.py)
   sim        simulator validation report                                              (bench/sim_report.py)
@@ -16,7 +18,8 @@ import sys
 
 SUITES = {"store": "bench.store_bench", "sim": "bench.sim_report", "serving": "bench.serving_suite",
           "prefetch": "bench.prefetch_bench", "ops": "bench.ops_bench", "kernels": "bench.kernels_bench",
-          "flashtrans": "bench.flashtrans_bench", "flashmla": "bench.flashmla_check"}
+          "flashtrans": "bench.flashtrans_bench", "flashmla": "bench.flashmla_check",
+          "trace": "bench.trace_suite"}
 
 
 def main() -> int:

@@ -18,21 +18,7 @@ import sys
 import torch
 
 from bench.meta import write_result
-
-
-def _time(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return out
+from sgl_ess.kernels.cuda_timing import time_cuda
 
 
 def _gbps(nbytes: int, secs: list[float]) -> dict:
@@ -62,14 +48,14 @@ def main() -> int:
     src = torch.randperm(args.host_rows)[:args.rows].to(args.device)
     dst = torch.randperm(4 * args.rows)[:args.rows].to(args.device)
     nbytes = args.rows * args.row_bytes
-    h2d = _time(lambda: copy_rows(host.rows[0], src, dev, dst, "triton"), args.repeats)
-    d2h = _time(lambda: copy_rows(dev, dst, host.rows[0], src, "triton"), args.repeats)
+    h2d = time_cuda(lambda: copy_rows(host.rows[0], src, dev, dst, "triton"), args.repeats)
+    d2h = time_cuda(lambda: copy_rows(dev, dst, host.rows[0], src, "triton"), args.repeats)
     torch.cuda.synchronize()
     assert torch.equal(dev[dst[:64]].cpu(), host.rows[0][src[:64].cpu()]), "FlashTrans moved the wrong bytes"
     bulk_h = host.rows[0][:args.rows]
     bulk_d = dev[:args.rows]
-    bulk_h2d = _time(lambda: bulk_d.copy_(bulk_h, non_blocking=True), args.repeats)
-    bulk_d2h = _time(lambda: bulk_h.copy_(bulk_d, non_blocking=True), args.repeats)
+    bulk_h2d = time_cuda(lambda: bulk_d.copy_(bulk_h, non_blocking=True), args.repeats)
+    bulk_d2h = time_cuda(lambda: bulk_h.copy_(bulk_d, non_blocking=True), args.repeats)
     res = {"rows": args.rows, "row_bytes": args.row_bytes, "bytes_per_launch": nbytes,
            "flashtrans_h2d": _gbps(nbytes, h2d), "flashtrans_d2h": _gbps(nbytes, d2h),
            "bulk_pinned_h2d": _gbps(nbytes, bulk_h2d), "bulk_pinned_d2h": _gbps(nbytes, bulk_d2h),

@@ -31,6 +31,9 @@ side-stream engine (busy time from timing events around its copies), and
   exposed_ms   layer time with the fetch minus compute_ms
 Configurations: none+stream, da+stream, dba+stream, none+inline.
 Results: bench/results/prefetch.json (command, commit, dirty flag, versions) and --out.
+
+With --predictors NAME,... the suite instead scores the speculative tier's predictors on top-k
+traces (bench/predictor_bench.py; results: bench/results/prefetch_predictors.json).
 """
 from __future__ import annotations
 
@@ -251,6 +254,10 @@ def _engine_busy(store) -> float:
 
 
 def main() -> int:
+    if any(a == "--predictors" or a.startswith("--predictors=") for a in sys.argv[1:]):
+        from bench.predictor_bench import main as predictors_main     # the speculative tier's predictors
+
+        return predictors_main(sys.argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench prefetch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=32)

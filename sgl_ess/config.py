@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from sgl_ess.prefetch.predictors import PREDICTORS   # a name table only: imports nothing heavy
+
 # Prefix SGLESS_, not SGL_: SGLang rewrites every SGL_* variable to SGLANG_* with a warning.
 ENV_CONFIG_JSON = "SGLESS_CONFIG"  # validated config, JSON; set by the launcher for child processes
 
@@ -31,6 +33,7 @@ OFFLOAD_TARGETS = ("cpu_memory",)
 OVERLAP_LEVELS = ("none", "da", "dba", "full")
 PREFETCH_ENGINES = ("auto", "worker", "stream", "inline")
 ATTENTION_MODES = ("sparse",)
+SPECULATIVE_PREFETCH = tuple(PREDICTORS)          # off, next_layer, last_step, score_ema, lstm
 
 
 class EssConfigError(ValueError):
@@ -83,9 +86,30 @@ FIELDS: tuple[EssField, ...] = (
              "Device latent slots per request per layer (the hot buffer). Must be >= the model's index_topk + 1. "
              "0 = derive from --ess-max-gpu-buffer-size-gb, else 4 x index_topk.", minimum=0),
     EssField("speculative_prefetch", str, "off",
-             "Speculative prefetch tier: stage rows a later layer will probably select, with spare bandwidth only "
-             "(never needed for correctness): off | next_layer (layer l+1 selects what layer l selected).",
-             ("off", "next_layer")),
+             "Speculative prefetch tier: stage rows a layer will probably select before it plans, with spare "
+             "bandwidth only (never needed for correctness): off | next_layer (layer l+1 selects what layer l "
+             "selected) | last_step (a layer selects what it selected last step) | score_ema (positions by an "
+             "exponential moving average of how often the layer selected them) | lstm (a small learned model; "
+             "needs --ess-predictor-checkpoint). The predictor runs on the scheduler thread after each plan.",
+             SPECULATIVE_PREFETCH),
+    EssField("predictor_checkpoint", str, "",
+             "Checkpoint of the lstm predictor, loaded at start (train one with `python -m "
+             "sgl_ess.prefetch.train_lstm --trace FILE --out CKPT`); a missing or incompatible file is refused. "
+             "Required with speculative_prefetch=lstm, ignored otherwise."),
+    EssField("predictor_min_precision", float, 0.1,
+             "Learning-augmented LRU: when the speculative predictor's precision (rows used / rows staged) over "
+             "the last --ess-predictor-window predictions drops below this, stage nothing (plain LRU) and keep "
+             "scoring its predictions in shadow; stage again once they reach it. 0 = never fall back.",
+             minimum=0.0),
+    EssField("predictor_window", int, 64,
+             "Predictions (one per plan that staged rows) over which --ess-predictor-min-precision is measured.",
+             minimum=1),
+    EssField("trace_file", str, "",
+             "Record every layer's top-k of every plan (plus opens, closes, warmups and reserved rows) to this "
+             "JSONL file (format sgl_ess.topk_trace/1) for offline study: `python -m bench prefetch --predictors "
+             "... --trace FILE`, `python -m sgl_ess.prefetch.train_lstm`. {pid} in the path becomes the process id "
+             "(one file per scheduler rank); an existing file is refused. Measurement only: it copies indices to "
+             "the host every layer. Empty = off."),
     EssField("spec_slots", int, 0,
              "Rows per layer parity for speculative staging. 0 = max-running-requests x index_topk / 8 when "
              "speculative_prefetch is on.", minimum=0),
@@ -129,6 +153,10 @@ class EssConfig:
     memory_pool_size_gb: float = 0.0
     hot_slots_per_request: int = 0
     speculative_prefetch: str = "off"
+    predictor_checkpoint: str = ""
+    predictor_min_precision: float = 0.1
+    predictor_window: int = 64
+    trace_file: str = ""
     spec_slots: int = 0
     warmup_queries: int = 32
     lock_host_memory: bool = False
@@ -248,10 +276,17 @@ def build_config(yaml_path: str | None = None, flags: Mapping[str, Any] | None =
 
 def _check_consistency(cfg: EssConfig) -> None:
     if cfg.overlap_profile:
-        import os
-
         if not os.path.isfile(cfg.overlap_profile):
             raise EssConfigError(f"key 'overlap_profile': file {cfg.overlap_profile!r} does not exist")
+    if cfg.speculative_prefetch == "lstm" and not cfg.predictor_checkpoint:
+        raise EssConfigError("key 'speculative_prefetch': 'lstm' needs a trained model; set predictor_checkpoint "
+                             "(--ess-predictor-checkpoint; train one with `python -m sgl_ess.prefetch.train_lstm "
+                             "--trace FILE --out CKPT`)")
+    if cfg.predictor_checkpoint and not os.path.isfile(cfg.predictor_checkpoint):
+        raise EssConfigError(f"key 'predictor_checkpoint': file {cfg.predictor_checkpoint!r} does not exist")
+    if cfg.predictor_min_precision > 1.0:
+        raise EssConfigError(f"key 'predictor_min_precision': got {cfg.predictor_min_precision!r}; expected a "
+                             "fraction in [0, 1]")
     # enable_mtp / enable_two_batch_overlap are checked against SGLang's own flags at launch, where
     # those are known (sgl_ess/integration/sglang/compat.py).
 

@@ -12,32 +12,15 @@ NOT YET RUN ON A GPU: written on a CPU-only machine; the bench it shortens has n
 from __future__ import annotations
 
 import statistics
-import time
 
 from sgl_ess.doctor.finding import Finding
 from sgl_ess.doctor.sysfs import nvidia_gpus
+from sgl_ess.kernels.cuda_timing import time_cuda
 
 MIN_RATIO = 0.5          # scattered / bulk below this: warn
 ROW_BYTES = 656          # one FP8 latent row of DeepSeek-V3.2
 ROWS = 32768             # rows per launch: 64 requests x 512 misses
 HOST_ROWS = 1 << 19      # 344 MB pool to draw the rows from
-
-
-def _timed(fn, budget_s: float, max_reps: int = 200) -> list[float]:
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out, start = [], time.monotonic()
-    while len(out) < max_reps and (len(out) < 5 or time.monotonic() - start < budget_s):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return out
 
 
 def _links_under_load(fn, sys_root: str) -> str:
@@ -72,12 +55,12 @@ def run_probe(seconds: float = 5.0, sys_root: str = "/sys") -> Finding:
         scattered = lambda: copy_rows(host, src, dev, dst, "triton")       # noqa: E731
         bulk = lambda: dev[:ROWS].copy_(host[:ROWS], non_blocking=True)    # noqa: E731
         budget = max(0.5, seconds / 2 - 0.5)
-        t_scattered = _timed(scattered, budget)
+        t_scattered = time_cuda(scattered, budget_s=budget)
         links = _links_under_load(scattered, sys_root)
         if not torch.equal(dev[dst[:64]].cpu(), host[src[:64].cpu()]):
             return Finding("gpu-probe", "fail", "FlashTrans moved the wrong bytes (64 rows compared)",
                            "report this as an sgl-ess bug, with `python -m bench flashtrans` output")
-        t_bulk = _timed(bulk, budget)
+        t_bulk = time_cuda(bulk, budget_s=budget)
     finally:
         if pool.registration is not None:
             pool.registration.unregister()

@@ -8,6 +8,8 @@ Memory ownership (allocated once here, alive as long as this object):
                                           one flat space attention indexes; `ring_tags`
   hot    DeviceHotBuffer                  the exact-LRU state of every (layer, request)
   engine FetchEngine                      runs the row moves (inline, or a worker process)
+  spec   SpeculativeStager                the speculative tier and its predictor (optional)
+  trace  TraceRecorder                    opt-in record of every plan's top-k (--ess-trace-file)
 Request indices r in [0, max_requests) are an engine's request-pool indices; the token ->
 host-location map (`req_to_host int64 [max_requests, max_context]`) belongs to the caller
 (SGLang's req_to_token, or sgl_ess.store.requests.RequestTable), so a radix cache can share
@@ -36,8 +38,8 @@ from sgl_ess.store.host_pool import HostLatentPool
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
 from sgl_ess.store.slot_space import SlotSpace
-from sgl_ess.prefetch.predictors import make_predictor
-from sgl_ess.store.speculative import SpeculativeStager
+from sgl_ess.prefetch.predictors import PredictorContext, make_predictor
+from sgl_ess.store.speculative import SpeculativeOptions, SpeculativeStager
 from sgl_ess.store.step_plan import StepPlan, miss_destinations, read_locations
 from sgl_ess.store.validate import check_rows, check_topk
 from sgl_ess.store.warm_state import set_warm_state
@@ -60,7 +62,8 @@ def auto_cpu_engine() -> str:
 
 class LatentStore:
     def __init__(self, cfg: StoreConfig, transfer_backend: str = "auto", engine: str = "inline",
-                 speculative: str = "off", host_pool: HostLatentPool | None = None):
+                 speculative: str = "off", host_pool: HostLatentPool | None = None,
+                 spec_options: SpeculativeOptions | None = None, trace_file: str = "", trace_meta: dict | None = None):
         self.cfg = cfg
         dev = torch.device(cfg.device)
         pin = cfg.pin_host if cfg.pin_host is not None else dev.type == "cuda"
@@ -100,11 +103,18 @@ class LatentStore:
         if self.engine.ordered_on_device and speculative != "off":
             raise ValueError("speculative prefetch needs host-side bookkeeping that would sync the device every "
                              "layer; it is available with the worker and inline engines (CPU) only")
-        predictor = make_predictor(speculative)
-        if predictor is not None and cfg.spec_slots <= 0:
+        spec_options = spec_options or SpeculativeOptions()
+        if speculative != "off" and cfg.spec_slots <= 0:
             raise ValueError(f"speculative prefetch {speculative!r} needs speculative rows: set spec_slots > 0 "
                              "(--ess-spec-slots)")
-        self.spec = SpeculativeStager(self, predictor) if predictor is not None else None
+        predictor = make_predictor(speculative, PredictorContext(cfg.num_layers, cfg.topk, cfg.max_context_tokens,
+                                                                 spec_options.checkpoint))
+        self.spec = SpeculativeStager(self, predictor, options=spec_options) if predictor is not None else None
+        self.trace = None
+        if trace_file:
+            from sgl_ess.store.trace_recorder import TraceRecorder
+
+            self.trace = TraceRecorder(trace_file, cfg, **(trace_meta or {}))
         self._seq = 0
         self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
@@ -138,6 +148,10 @@ class LatentStore:
         self._reset(req)
         self.hot.is_open[req] = True
         self.counters.reset_request(req)
+        if self.spec is not None:         # a reused index must not inherit the predictor's state
+            self.spec.forget(req)
+        if self.trace is not None:
+            self.trace.open(req)
 
     def close(self, req: int) -> None:
         """Request finished, aborted or retracted: zero and free its hot buffer, and drop every
@@ -146,7 +160,11 @@ class LatentStore:
         if self.hot.is_open[req]:
             self._reset(req)
             self.slots.clear_speculative()
+            if self.spec is not None:
+                self.spec.forget(req)
             self.hot.is_open[req] = False
+            if self.trace is not None:
+                self.trace.close_request(req)
 
     def _reset(self, req: int) -> None:
         self.engine.drain()               # no pending copy may land in a slot after it is zeroed
@@ -158,6 +176,8 @@ class LatentStore:
         return sum(self.hot.is_open)
 
     def shutdown(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
         self.engine.close()
 
     # --- host rows ----------------------------------------------------------------------
@@ -213,6 +233,8 @@ class LatentStore:
         if reqs.numel() == 0:
             return 0
         check_topk(ids.reshape(ids.shape[0], -1), seq_lens, "warmup topk_ids")   # one host sync
+        if self.trace is not None:
+            self.trace.warmup(layer, reqs, seq_lens, ids)
         s2t = set_warm_state(self.hot, layer, reqs, seq_lens, ids)
         ar = torch.arange(n, device=self.device).expand_as(s2t)
         live = s2t >= 0
@@ -241,6 +263,8 @@ class LatentStore:
         if validate:
             self._check_batch(reqs)
             check_topk(topk, seq_lens, "resolve topk")
+        if self.trace is not None:
+            self.trace.plan(layer, micro_batch, reqs, seq_lens, topk)
         for t in self._layer_fence.pop(layer, []):
             self.engine.wait(t)
         group = self._ring_group(layer, micro_batch)
@@ -337,6 +361,8 @@ class LatentStore:
         positions = positions.to(self.device, torch.int64)
         if validate:
             self._check_batch(reqs)
+        if self.trace is not None:
+            self.trace.touch(layer, reqs, positions + 1, positions.unsqueeze(1))
         a = assign(self.hot, layer, reqs, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
         return self._hot_abs(layer, reqs, a.slots)[:, 0]
 
@@ -381,6 +407,8 @@ class LatentStore:
             fence = self._group_fence.pop(self._ring_group(layer, mb), None)
             if fence is not None:
                 self.engine.wait(fence)
+        if self.trace is not None:
+            self.trace.touch(layer, reqs, seq_lens, positions)
         a = assign(self.hot, layer, reqs, seq_lens, positions, backend=self.resolver_backend)
         dst = self._hot_abs(layer, reqs, a.slots)
         src = req_to_host.to(self.device)[reqs.unsqueeze(1), positions.clamp(min=0)]

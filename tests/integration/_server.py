@@ -195,3 +195,21 @@ def group_alive(pgid: int) -> bool:
         if pgrp == pgid and state != "Z":
             return True
     return False
+
+
+def group_processes(pgid: int) -> dict[int, str]:
+    """pid -> command line of every live (not zombie) process in process group `pgid`."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out[int(pid)] = cmd
+    return out

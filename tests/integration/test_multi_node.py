@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ._server import REPO, Server, free_port, group_alive
+from ._server import REPO, Server, free_port, group_alive, group_processes
 from .conftest import _need_sglang
 
 pytestmark = pytest.mark.integration
@@ -32,20 +32,7 @@ def _node1(dist: str, extra: list[str]) -> subprocess.Popen:
 
 
 def _scheduler_pids(pgid: int) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as fh:
-                pgrp = int(fh.read().rsplit(")", 1)[1].split()[2])
-            with open(f"/proc/{p}/cmdline", "rb") as fh:
-                cmd = fh.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if pgrp == pgid and b"scheduler" in cmd:
-            out.append(int(p))
-    return out
+    return [pid for pid, cmd in group_processes(pgid).items() if "scheduler" in cmd]
 
 
 def _host_inodes(pids) -> set[int]:

@@ -15,13 +15,12 @@ greedy tokens differed from the same server's one-at-a-time tokens.
 """
 
 import concurrent.futures as cf
-import os
 import re
 import time
 
 import pytest
 
-from ._server import ess_live_zero
+from ._server import ess_live_zero, group_processes
 from .conftest import _start
 
 pytestmark = pytest.mark.integration
@@ -115,19 +114,6 @@ def _host_mappings(pid: int) -> list[tuple[int, int]]:
     return out
 
 
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as fh:
-                    if int(fh.read().rsplit(")", 1)[1].split()[2]) == pgid:
-                        pids.append(int(p))
-            except (OSError, IndexError, ValueError):
-                pass
-    return pids
-
-
 @pytest.fixture(scope="module")
 def tp_results():
     out = {}
@@ -139,7 +125,7 @@ def tp_results():
             out[name] = _run_concurrently(srv)
             if name == "on":
                 out["status"] = srv.get("/ess/status")
-                out["maps"] = {pid: _host_mappings(pid) for pid in _group_pids(srv.pgid)}
+                out["maps"] = {pid: _host_mappings(pid) for pid in group_processes(srv.pgid)}
                 out["usage"] = _wait_live_zero_one(srv)
                 out["log"] = srv.log_tail(4000)
         finally:

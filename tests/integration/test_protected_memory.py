@@ -6,14 +6,13 @@ The lock is asked for when this machine allows it for the tiny pool below (about
 process: CAP_IPC_LOCK, or RLIMIT_MEMLOCK >= 4 MiB); otherwise the server starts without it and
 only `dd` is checked (the skip reason in test_latent_mappings_are_locked says why)."""
 
-import os
 
 import pytest
 
 from sgl_ess.serving.preflight import has_cap_ipc_lock, memlock_limit_bytes
 from tests.unit.store.smaps import mappings
 
-from ._server import group_alive
+from ._server import group_alive, group_processes
 from .conftest import HOT_SLOTS, _start
 
 pytestmark = pytest.mark.integration
@@ -36,31 +35,13 @@ def server():
     assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
 
 
-def _group_pids(pgid: int) -> dict[int, str]:
-    """pid -> command line of every live process in the server's process group."""
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out[int(pid)] = cmd
-    return out
-
-
 def _latent_maps(server):
     """{pid: (role, [latent mappings])} for every process that maps latent rows; requires a scheduler
     and a prefetch worker among them."""
     r = server.generate("protected memory " * 40, 8)      # decode steps through the worker
     assert r["meta_info"]["completion_tokens"] == 8
     found = {}
-    for pid, cmd in _group_pids(server.pgid).items():
+    for pid, cmd in group_processes(server.pgid).items():
         maps = [m for m in mappings(pid) if m.name.startswith(LATENT)]
         if maps:
             found[pid] = ("worker" if WORKER_CMD in cmd else "scheduler", maps)

@@ -14,11 +14,18 @@
 4. EAGLE decode allocation (``mem_cache.allocation.get_last_loc``) picks SGLang's Triton kernel
    for every attention backend except ``ascend``/``torch_native``, by backend name. With the
    ``ess`` backend on a CPU tensor it takes SGLang's own torch version (``get_last_loc_torch``).
+5. PD prefill over Mooncake: ``MooncakeKVSender.supports_host_tensor_indices`` makes the prefill
+   copy page indices into pinned memory and record a ``torch.cuda.Event`` (both raise without
+   CUDA). Without CUDA the class attribute is False, so SGLang takes its own plain path
+   (``kv_to_page_indices``). Set only when the Mooncake connector imports (PD installed).
+   SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0 (the early send of a cached prefix also
+   records a CUDA event) is set by the launcher on CPU in prefill mode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -91,3 +98,16 @@ def register() -> None:
     AttentionBackendRegistry.register(targets.ESS_BACKEND_NAME, _absorbed_mla)
     if not torch.cuda.is_available():
         AttentionBackendRegistry.register("torch_native", _absorbed_mla)
+        if os.environ.get("SGLESS_PD_ROLE") == "prefill":     # set by the launcher (process_env.py)
+            _mooncake_sender_without_cuda()
+
+
+def _mooncake_sender_without_cuda() -> None:
+    import importlib
+
+    module, _, name = targets.MOONCAKE_SENDER.rpartition(".")
+    try:
+        sender = getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - PD (mooncake) not installed: nothing to adjust
+        return
+    sender.supports_host_tensor_indices = False

@@ -48,6 +48,29 @@ def _after_free_rows(result, pool, indices, *args, **kwargs):
     return result
 
 
+def _around_decode_alloc(original_fn, pool, reqs, *args, **kwargs):
+    """PD decode node (DecodeReqToTokenPool): rows handed to new requests get a fresh, cold hot buffer
+    (their KV comes by transfer: no extend opens them here); rows a request keeps are left alone."""
+    fresh = [r for r in reqs if not r.kv.holds_kv]
+    out = original_fn(pool, reqs, *args, **kwargs)
+    if out is not None and fresh:
+        rows = [int(r.kv.req_pool_idx) for r in fresh]
+        for a in _adapters:
+            if a.req_pool is pool:
+                a.open_rows_cold(rows)
+    return out
+
+
+def _before_decode_free(pool, req, *args, **kwargs):
+    """PD decode node: a freed row's hot buffer is closed (finish, abort, retraction)."""
+    row = req.kv.req_pool_idx
+    if row is not None:
+        for a in _adapters:
+            if a.req_pool is pool:
+                a.close_rows([int(row)])
+    return None
+
+
 def _page_locs(allocator, page_ids) -> torch.Tensor:
     ids = torch.cat([p.reshape(-1) for p in page_ids]).long().cpu()
     ps = allocator.page_size
@@ -83,6 +106,8 @@ def _after_internal_state(result, *args, **kwargs):
 
 def register() -> None:
     HookRegistry.register(targets.REQ_ROWS_FREE, _after_free_rows, HookType.AFTER)
+    HookRegistry.register(targets.DECODE_REQ_ROWS_ALLOC, _around_decode_alloc, HookType.AROUND)
+    HookRegistry.register(targets.DECODE_REQ_ROWS_FREE, _before_decode_free, HookType.BEFORE)
     HookRegistry.register(targets.PAGES_RELEASE, _before_release_pages, HookType.BEFORE)
     HookRegistry.register(targets.ALLOCATOR_CLEAR, _before_allocator_clear, HookType.BEFORE)
     HookRegistry.register(targets.INTERNAL_STATE, _after_internal_state, HookType.AFTER)

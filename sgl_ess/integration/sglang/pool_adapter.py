@@ -98,14 +98,19 @@ class EssPoolAdapter:
         self.validate = str(model_runner.device) == "cpu"
         self.level = cfg.prefetch_overlap_level
         self.profile = load_profile(cfg) if self.level == "full" else None
+        from sgl_ess.store.speculative import SpeculativeOptions
+
+        spec_options = SpeculativeOptions(cfg.predictor_checkpoint, cfg.predictor_min_precision, cfg.predictor_window)
         self.store = LatentStore(self.store_cfg, engine=cfg.prefetch_engine, speculative=cfg.speculative_prefetch,
-                                 host_pool=host)
+                                 host_pool=host, spec_options=spec_options, trace_file=cfg.trace_file,
+                                 trace_meta={"source": "server", "model": str(getattr(mc, "model_path", ""))})
         self.share = getattr(pool, "ess_share", None)       # shared_host_pool.Share, or None (own pool)
         self.host_writer = host.writer
         self.runner_id = id(model_runner)
         self.req_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
         self._lock = threading.RLock()
+        self.cold_starts = 0      # PD decode node: requests opened without warmup (their KV came by transfer)
         self.plans_early = 0      # plans submitted by the indexer hand-off (fetch hidden behind compute)
         self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
         self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
@@ -325,6 +330,15 @@ class EssPoolAdapter:
             self.store.fence_host()
 
     # --- lifecycle --------------------------------------------------------------------
+    def open_rows_cold(self, rows: list[int]) -> None:
+        """A PD decode node gave these rows to new requests whose KV arrives by transfer (no extend
+        runs here): open each hot buffer empty, dropping anything a previous owner of the row left."""
+        with self._lock:
+            for r in rows:
+                if 0 <= r < self.store_cfg.max_requests:
+                    self.store.open(r)
+                    self.cold_starts += 1
+
     def close_rows(self, rows: list[int]) -> None:
         with self._lock:
             for r in rows:
@@ -355,7 +369,7 @@ class EssPoolAdapter:
         u.update(hit_rate=snap["hit_rate"], rows_h2d=sum(snap["rows_h2d"]), warmup_rows=sum(snap["warmup_rows"]),
                  refetch_rows=sum(snap["refetch_rows"]), hot_slots_per_request=self.store_cfg.hot_slots_per_request,
                  overlap_level=self.level, overlap_runs_as="none" if self.store.engine.synchronous else self.level,
-                 plans_early=self.plans_early, plans_late=self.plans_late,
+                 plans_early=self.plans_early, plans_late=self.plans_late, cold_starts=self.cold_starts,
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
         u.update(self.spec_usage())

@@ -12,6 +12,10 @@
     process may run on (its affinity) split into one contiguous group per rank on this node
     (SGLang otherwise refuses more ranks in the whole run than this node has NUMA nodes). Fewer cores than ranks: cores are shared
     round-robin, with a warning.
+  * PD (``--disaggregation-mode prefill|decode``): ``SGLESS_PD_ROLE`` for the plugin (cpu_fixes.py);
+    without CUDA ``MOONCAKE_PROTOCOL=tcp`` (no RDMA device) and, on a prefill node,
+    ``SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0`` (that path records a CUDA event); with a
+    loopback ``--host``, ``SGLANG_HOST_IP=127.0.0.1`` (the address Mooncake advertises to peers).
 A value the user already set is never overridden.
 """
 
@@ -69,12 +73,23 @@ def gloo_interface(dist_init_addr: str) -> str | None:
     return "lo" if _is_loopback(local) else _interface_with_address(local)
 
 
-def apply(host: str, has_cuda: bool, nnodes: int, dist_init_addr: str | None) -> None:
+ENV_PD_ROLE = "SGLESS_PD_ROLE"
+
+
+def apply(host: str, has_cuda: bool, nnodes: int, dist_init_addr: str | None, pd_role: str | None = None) -> None:
     global _dist_file
     if not has_cuda:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         os.environ.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
         os.environ.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
+    if pd_role in ("prefill", "decode"):
+        os.environ[ENV_PD_ROLE] = pd_role
+        if not has_cuda:
+            os.environ.setdefault("MOONCAKE_PROTOCOL", "tcp")
+            if pd_role == "prefill":
+                os.environ.setdefault("SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX", "0")
+        if _is_loopback(host):
+            os.environ.setdefault("SGLANG_HOST_IP", "127.0.0.1")
     if nnodes <= 1 and not dist_init_addr and not os.environ.get("SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"):
         _dist_file = os.path.join(tempfile.gettempdir(), f"sgl_ess_dist_{os.getpid()}_{uuid.uuid4().hex[:8]}")
         os.environ["SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"] = "file://" + _dist_file

@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ[ENV_CONFIG_JSON] = cfg.to_json()
     os.environ[ENV_OPS_JSON] = ops.to_json()
     os.environ[ENV_POOL_SIZING] = sizing_json(sizing)
-    process_env.apply(host, has_cuda, int_flag(sgl_argv, "--nnodes") or 1, flag_value(sgl_argv, "--dist-init-addr"))
+    process_env.apply(host, has_cuda, int_flag(sgl_argv, "--nnodes") or 1, flag_value(sgl_argv, "--dist-init-addr"),
+                      flag_value(sgl_argv, "--disaggregation-mode"))
 
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args

@@ -12,6 +12,9 @@ ESS_BACKEND_NAME = "ess"
 MODEL_SPECIFIC_ADJUSTMENTS = "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments"
 INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_native"
 REQ_ROWS_FREE = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool.free_rows"
+DECODE_REQ_ROWS_ALLOC = "sglang.srt.disaggregation.decode.DecodeReqToTokenPool.alloc"
+DECODE_REQ_ROWS_FREE = "sglang.srt.disaggregation.decode.DecodeReqToTokenPool.free"
+MOONCAKE_SENDER = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender"
 PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
 ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
 DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weights"
@@ -50,6 +53,9 @@ PATCHED = {
                                 "argument resolution when CUDA is absent",
     INDEXER_FORWARD_NATIVE: "REPLACE: exact pure-torch lightning indexer (SGLang raises NotImplementedError)",
     REQ_ROWS_FREE: "AFTER: close the ESS hot buffer of every freed request row (finish/abort/retract)",
+    DECODE_REQ_ROWS_ALLOC: "AROUND (PD decode node): open a cold hot buffer for each row given to a new request "
+                           "(its KV comes by transfer; no extend opens it)",
+    DECODE_REQ_ROWS_FREE: "BEFORE (PD decode node): close the hot buffer of the freed row",
     PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
     DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",

@@ -109,13 +109,14 @@ def main() -> int:
         print(f"| {r['target_ms'] or 'none'} | {r['itl_p50_ms']:.1f} | {r['itl_p90_ms']:.1f} | "
               f"{r['output_tok_per_s']:.1f} | {r['output_tok_per_s'] / rows[0]['output_tok_per_s']:.2f} | "
               f"{slo.get('cap', a.running)} | {slo.get('changes', 0)} |")
-    if a.plot:
-        _plot(a.plot, rows)
-        print(f"plot: {a.plot}")
+    # the result first: its metadata records whether the tree is clean, and the plot is a new file in it
     path = write_result("slo", {"command": " ".join(["python -m bench slo", *sys.argv[1:]]), "running": a.running,
                                 "output_len": a.output_len, "unconstrained_itl_ms": u, "rows": rows,
                                 "plot": a.plot or None})
     print(f"results: {path}")
+    if a.plot:
+        _plot(a.plot, rows)
+        print(f"plot: {a.plot}")
     return 0
 
 

@@ -183,18 +183,7 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     # killpg succeeds for zombies too; ignore the group once only zombies remain.
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            state, pgrp = fields[0], int(fields[2])
-        except (OSError, IndexError, ValueError):
-            continue
-        if pgrp == pgid and state != "Z":
-            return True
-    return False
+    return bool(group_processes(pgid))
 
 
 def group_processes(pgid: int) -> dict[int, str]:
@@ -208,7 +197,7 @@ def group_processes(pgid: int) -> dict[int, str]:
                 fields = fh.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
+        except (OSError, IndexError, ValueError):
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
             out[int(pid)] = cmd

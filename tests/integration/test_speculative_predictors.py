@@ -11,8 +11,9 @@ import glob
 
 import pytest
 
-from ._server import Server, group_alive
+from ._server import group_alive
 from .conftest import HOT_SLOTS, MAX_RUNNING, _need_sglang
+from .conftest import _start as start_server
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +35,8 @@ def run_batch(server):
 
 
 def _start(name, args):
-    srv = Server(name, ["--ess-hot-slots-per-request", str(HOT_SLOTS), "--max-running-requests", str(MAX_RUNNING),
-                        "--max-total-tokens", "32768", *args])
-    try:
-        srv.wait_healthy()
-    except Exception:
-        srv.stop()
-        raise
-    return srv
+    return start_server(name, ["--ess-hot-slots-per-request", str(HOT_SLOTS), "--max-running-requests",
+                               str(MAX_RUNNING), "--max-total-tokens", "32768", *args])
 
 
 @pytest.fixture(scope="module")

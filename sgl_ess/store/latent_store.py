@@ -42,7 +42,7 @@ from sgl_ess.prefetch.predictors import PredictorContext, make_predictor
 from sgl_ess.store.speculative import SpeculativeOptions, SpeculativeStager
 from sgl_ess.store.step_plan import StepPlan, miss_destinations, read_locations
 from sgl_ess.store.validate import check_rows, check_topk
-from sgl_ess.store.warm_state import set_warm_state
+from sgl_ess.store.warm_state import lru_tokens, set_warm_state, state_from_lru_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +228,6 @@ class LatentStore:
         if topk_ids.dim() != 3 or topk_ids.shape[0] != reqs.numel():
             raise ValueError(f"warmup topk_ids: expected [batch={reqs.numel()}, W, k], got "
                              f"{list(topk_ids.shape)}")
-        n = self.cfg.hot_slots_per_request
         ids = topk_ids.to(self.device, torch.int64)
         if reqs.numel() == 0:
             return 0
@@ -236,17 +235,48 @@ class LatentStore:
         if self.trace is not None:
             self.trace.warmup(layer, reqs, seq_lens, ids)
         s2t = set_warm_state(self.hot, layer, reqs, seq_lens, ids)
-        ar = torch.arange(n, device=self.device).expand_as(s2t)
+        return self._fetch_residents(layer, reqs, s2t, req_to_host, "warmup")
+
+    def _fetch_residents(self, layer: int, reqs: torch.Tensor, s2t: torch.Tensor, req_to_host: torch.Tensor,
+                         note: str) -> int:
+        """Fetch the rows a warm state `s2t` [b, N] holds into the hot slots, in one background move
+        that the layer's first plan waits for. Returns the number of rows (a host sync)."""
+        ar = torch.arange(self.cfg.hot_slots_per_request, device=self.device).expand_as(s2t)
         live = s2t >= 0
         src = torch.where(live, req_to_host.to(self.device)[reqs.unsqueeze(1), s2t.clamp(min=0)], -1)
         dst = torch.where(live, self._hot_abs(layer, reqs, ar), -1)
         keep = live.reshape(-1)
         plan = CopyPlan("h2s", src.reshape(-1)[keep], dst.reshape(-1)[keep], layer=layer, tier="background",
-                        note="warmup")
+                        note=note)
         self._layer_fence.setdefault(layer, []).append(self.engine.submit(plan))
         m = int(keep.sum())
         self.counters.add_warmup(layer, m)
         return m
+
+    def lru_tokens(self, req: int) -> torch.Tensor:
+        """int64 [num_layers, N] on the host: request `req`'s LRU state as tokens, least recently used
+        first (-1 empty); `warm_from_lru_tokens` rebuilds it (a PD prefill node sends it to the decode)."""
+        self._check_req(req)
+        return lru_tokens(self.hot, req).cpu()
+
+    def warm_from_lru_tokens(self, req: int, seq_len: int, tokens: torch.Tensor, req_to_host: torch.Tensor) -> int | None:
+        """Set request `req`'s hot buffer (opened, empty) to the LRU state `tokens` [num_layers, N]
+        (`lru_tokens` of another store with the same N) and fetch its rows in one background move per
+        layer. Returns the rows fetched, or None (state unchanged) when `tokens` is not a valid LRU state
+        for `seq_len` tokens: the request stays cold."""
+        self._check_req(req)
+        n = self.cfg.hot_slots_per_request
+        if tokens.shape != (self.cfg.num_layers, n):
+            return None
+        state = state_from_lru_tokens(tokens.to(self.device), int(seq_len), n)
+        if state is None:
+            return None
+        s2t, order = state
+        self.hot.slot_to_token[:, req] = s2t
+        self.hot.lru_order[:, req] = order
+        reqs = torch.tensor([req], dtype=torch.int64, device=self.device)
+        return sum(self._fetch_residents(layer, reqs, s2t[layer:layer + 1], req_to_host, "warmup (PD transfer)")
+                   for layer in range(self.cfg.num_layers))
 
     def plan(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
              req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True) -> StepPlan:

@@ -66,3 +66,39 @@ def set_warm_state(buf: DeviceHotBuffer, layer: int, reqs: torch.Tensor, seq_len
     # 4. the scratch map is all zero again
     flat_map.scatter_(0, at, 0)
     return s2t
+
+
+def lru_tokens(buf: DeviceHotBuffer, req: int) -> torch.Tensor:
+    """int64 [num_layers, N]: request `req`'s hot-buffer tokens in LRU order (least -> most recently
+    used, -1 for an empty slot). With the request's seq_len this is its whole LRU state
+    (`set_state_from_lru_tokens`); a PD prefill node sends it to the decode node (pd_warmup.py)."""
+    return buf.slot_to_token[:, req].gather(1, buf.lru_order[:, req].long())
+
+
+def state_from_lru_tokens(tokens: torch.Tensor, seq_len: int, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rebuild (slot_to_token int64 [L, N], lru_order int32 [L, N]) from `lru_tokens` output for a
+    request of `seq_len` tokens; None when `tokens` is not the LRU order of a valid state (then the
+    caller starts the request cold).
+
+    Fast rows (seq_len <= N) keep slot = position: a token t sits in slot t and the empty slots
+    (-1 entries) are slots seq_len.. in ascending order, as they are in every state the store
+    makes. Other rows get slot i = the i-th least recently used token (order = identity): a
+    relabelling of slots, the same LRU state (hits, misses and evictions are unchanged)."""
+    if tokens.dim() != 2 or tokens.shape[1] != n:
+        return None
+    tokens = tokens.to(torch.int64)
+    valid = tokens >= 0
+    if bool((tokens >= seq_len).any()) or bool(((tokens < -1)).any()):
+        return None
+    ar = torch.arange(n, device=tokens.device).expand_as(tokens)
+    if seq_len <= n:
+        empties = torch.cumsum(~valid, dim=1) - 1
+        order = torch.where(valid, tokens, seq_len + empties)
+        if not torch.equal(torch.sort(order, dim=1).values, ar):    # not a permutation of 0..N-1
+            return None
+        s2t = torch.where(ar < seq_len, ar, -1)
+        return s2t.contiguous(), order.to(torch.int32)
+    srt = torch.sort(torch.where(valid, tokens, -1 - ar), dim=1).values    # -1-ar: empties never collide
+    if bool((srt[:, 1:] == srt[:, :-1]).any()):                              # a token held twice
+        return None
+    return tokens.clone(), ar.to(torch.int32).contiguous()

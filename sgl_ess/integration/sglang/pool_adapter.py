@@ -110,7 +110,11 @@ class EssPoolAdapter:
         self.req_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
         self._lock = threading.RLock()
-        self.cold_starts = 0      # PD decode node: requests opened without warmup (their KV came by transfer)
+        # PD (pd_warmup.py): decode rows opened cold at pre-allocation, then warmed from the prefill's
+        # state (warm starts) or left cold (cold starts: no state came, or it was refused)
+        self.pd_opens = self.cold_starts = self.pd_warm_starts = self.pd_warm_rejected = 0
+        self.pd_warm_sent = 0     # PD prefill node: warm states written for the decode node
+        self.pd_wire_rows = self.pd_wire_row_bytes = 0
         self.plans_early = 0      # plans submitted by the indexer hand-off (fetch hidden behind compute)
         self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
         self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
@@ -337,7 +341,34 @@ class EssPoolAdapter:
             for r in rows:
                 if 0 <= r < self.store_cfg.max_requests:
                     self.store.open(r)
-                    self.cold_starts += 1
+                    self.pd_opens += 1
+
+    def import_warm_state(self, row: int, seq_len: int, got, counted: bool = True) -> None:
+        """PD decode node, transfer committed: `got` is pd_warmup.decode's answer, (seq_len, tokens
+        [L, N]) or the reason there is none. Warm the row's hot buffer, else count a cold start
+        (`counted` False: a health check, not counted either way)."""
+        with self._lock:
+            if isinstance(got, str):
+                if not counted:
+                    return
+                if got != "absent":
+                    self.pd_warm_rejected += 1
+                    logger.warning("PD warm state refused for request row %d: %s; it starts cold", row, got)
+                self.cold_starts += 1
+                return
+            sent_len, tokens = got
+            fetched = None
+            if sent_len == seq_len:
+                fetched = self.store.warm_from_lru_tokens(row, seq_len, tokens, self.req_pool.req_to_token)
+            if fetched is None:
+                if not counted:
+                    return
+                self.pd_warm_rejected += 1
+                self.cold_starts += 1
+                logger.warning("PD warm state refused for request row %d: not a valid LRU state for its %d "
+                               "tokens (the prefill sent %d); it starts cold", row, seq_len, sent_len)
+                return
+            self.pd_warm_starts += int(counted)
 
     def close_rows(self, rows: list[int]) -> None:
         with self._lock:
@@ -370,6 +401,9 @@ class EssPoolAdapter:
                  refetch_rows=sum(snap["refetch_rows"]), hot_slots_per_request=self.store_cfg.hot_slots_per_request,
                  overlap_level=self.level, overlap_runs_as="none" if self.store.engine.synchronous else self.level,
                  plans_early=self.plans_early, plans_late=self.plans_late, cold_starts=self.cold_starts,
+                 pd_opens=self.pd_opens, pd_warm_starts=self.pd_warm_starts, pd_warm_rejected=self.pd_warm_rejected,
+                 pd_warm_sent=self.pd_warm_sent, pd_wire_rows=self.pd_wire_rows,
+                 pd_wire_row_bytes=self.pd_wire_row_bytes,
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
         u.update(self.spec_usage())

@@ -14,6 +14,11 @@ INDEXER_FORWARD_NATIVE = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.fo
 REQ_ROWS_FREE = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool.free_rows"
 DECODE_REQ_ROWS_ALLOC = "sglang.srt.disaggregation.decode.DecodeReqToTokenPool.alloc"
 DECODE_REQ_ROWS_FREE = "sglang.srt.disaggregation.decode.DecodeReqToTokenPool.free"
+PD_METADATA_INIT = "sglang.srt.disaggregation.utils.MetadataBuffers.__init__"
+PD_METADATA_BUF_INFOS = "sglang.srt.disaggregation.utils.MetadataBuffers.get_buf_infos"
+PD_METADATA_CLEAR_SLOT = "sglang.srt.disaggregation.utils.MetadataBuffers.clear_slot"
+PD_METADATA_SET_BUF = "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf"
+PD_DECODE_COMMIT = "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req"
 MOONCAKE_SENDER = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender"
 PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
 ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
@@ -56,6 +61,11 @@ PATCHED = {
     DECODE_REQ_ROWS_ALLOC: "AROUND (PD decode node): open a cold hot buffer for each row given to a new request "
                            "(its KV comes by transfer; no extend opens it)",
     DECODE_REQ_ROWS_FREE: "BEFORE (PD decode node): close the hot buffer of the freed row",
+    PD_METADATA_INIT: "AFTER (PD, ESS on): one more metadata buffer, the warm hot-buffer state (pd_warmup.py)",
+    PD_METADATA_BUF_INFOS: "AFTER (PD, ESS on): register that buffer last, so SGLang's transfer carries it",
+    PD_METADATA_CLEAR_SLOT: "AFTER (PD, ESS on): a freed metadata slot holds no warm state",
+    PD_METADATA_SET_BUF: "AFTER (PD prefill, ESS on): write the request's warm state (LRU order per layer)",
+    PD_DECODE_COMMIT: "BEFORE (PD decode, ESS on): warm the request's hot buffer from it when its KV has landed",
     PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
     DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",

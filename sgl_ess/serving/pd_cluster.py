@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -120,7 +121,8 @@ def build(args, server_args: list[str], router: str) -> list[Proc]:
     for p in procs[1:]:
         rcmd += ["--decode", p.url]
     rcmd += ["--host", host, "--port", str(lo), "--prometheus-host", host, "--prometheus-port", str(lo + 1),
-             "--policy", args.policy, *args.router_arg]
+             "--policy", args.policy, "--health-check-interval-secs", str(args.health_check_interval),
+             *args.router_arg]
     procs.append(Proc("router", rcmd, log("router"), f"http://{host}:{lo}"))
     return procs
 
@@ -156,6 +158,27 @@ def wait_http(p: Proc, path: str, procs: list[Proc], timeout_s: float, accept=(2
     raise TimeoutError(f"{p.name} did not answer {path} within {timeout_s:.0f} s; its log: {p.log_path}")
 
 
+def wait_serving(router: Proc, procs: list[Proc], timeout_s: float) -> None:
+    """Until a one-token request through the router succeeds: the router answers 503 ("no available
+    workers") until its first health check of the servers has passed. 401/403 count as serving (the
+    servers require a key this probe does not have)."""
+    body = json.dumps({"text": "ping", "sampling_params": {"max_new_tokens": 1}}).encode()
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        _alive_or_die(procs)
+        req = urllib.request.Request(router.url + "/generate", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120):
+                return
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"the router did not serve a request within {timeout_s:.0f} s; its log: {router.log_path}")
+
+
 def start(p: Proc) -> None:
     fh = open(p.log_path, "ab")
     p.popen = subprocess.Popen(p.cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
@@ -185,6 +208,29 @@ def stop_all(procs: list[Proc], grace_s: float = 20.0) -> None:
             p.popen.wait()
 
 
+def supervise(procs: list[Proc], args) -> None:
+    """Serve until a signal: a decode node that exits is restarted (the router's health check drops it
+    meanwhile and takes it back once it answers); the prefill or the router exiting stops everything."""
+    restarts = {p.name: 0 for p in procs}
+    while True:
+        for p in procs:
+            if p.popen is None or p.popen.poll() is None:
+                continue
+            if not p.name.startswith("decode") or not args.restart_decode:
+                _alive_or_die([p])
+            restarts[p.name] += 1
+            print(f"[launch_pd] {p.name} exited rc={p.popen.returncode}; restarting it (restart "
+                  f"{restarts[p.name]}; log {p.log_path})", flush=True)
+            try:
+                os.killpg(p.popen.pid, signal.SIGKILL)         # whatever it left in its group
+            except ProcessLookupError:
+                pass
+            start(p)
+            wait_http(p, "/health", [p], args.startup_timeout)
+            print(f"[launch_pd] {p.name} healthy again", flush=True)
+        time.sleep(1.0)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m sgl_ess.launch_pd",
@@ -211,6 +257,12 @@ def parser() -> argparse.ArgumentParser:
                     "on PATH or next to this Python)")
     ap.add_argument("--router-arg", action="append", default=[], help="one more flag for the router, repeatable "
                     "(e.g. --router-arg=--health-check-interval-secs --router-arg=5)")
+    ap.add_argument("--restart-decode", choices=("on", "off"), default="on", help="restart a decode node that "
+                    "exits while serving (default on; the router stops sending it requests until its health check "
+                    "passes again); off: any exit stops everything")
+    ap.add_argument("--health-check-interval", type=int, default=5, help="seconds between the router's health "
+                    "checks of each server: how fast a dead decode node is dropped and a restarted one taken "
+                    "back (default 5; smg's own default is 60)")
     ap.add_argument("--log-dir", default=None, help="where each process's log goes (default: a new temp folder)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for each server "
                     "(default 900)")
@@ -228,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         print("launch_pd: --decode-nodes must be >= 1 and --plain-decode-nodes >= 0", file=sys.stderr)
         return exit_codes.CONFIG
     args.prefill_ess = args.prefill_ess == "on"
+    args.restart_decode = args.restart_decode == "on"
     for bad in ("--disaggregation-mode", "--port", "--host", "--disaggregation-bootstrap-port"):
         if bad in server_args or any(a.startswith(bad + "=") for a in server_args):
             print(f"launch_pd: {bad} after '--' is set by launch_pd itself (use --host / --ports)", file=sys.stderr)
@@ -271,12 +324,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[launch_pd] {p.name} healthy", flush=True)
         start(router_proc)
         wait_http(router_proc, "/health", procs, 120, accept=(200, 503))
+        wait_serving(router_proc, procs, 300)
         print(f"[launch_pd] ready: {router_proc.url} (OpenAI-compatible; /generate, /v1/completions, "
               "/v1/chat/completions). Ctrl-C stops everything.", flush=True)
         ready = True
-        while True:
-            _alive_or_die(procs)
-            time.sleep(1.0)
+        supervise(procs, args)
     except KeyboardInterrupt:
         print("[launch_pd] stopping", flush=True)
         return 0

@@ -7,6 +7,7 @@ suites:
              --predictors a,b,..: speculative predictors on top-k traces vs exact LRU (bench/predictor_bench.py)
   trace      record a top-k trace from the embedded server, or --synthetic             (bench/trace_suite.py)
   serving    SGLang bench_serving against the real server, ESS off vs on              (bench/serving_suite.py)
+  pd         PD (prefill + ESS decode behind the router) vs colocated, bench_serving (bench/pd_suite.py)
   slo        decode throughput vs a TPOT target (--ess-slo-tpot-ms), one run per target (bench/slo_suite.py)
   ops        operator profile of the model for the simulator (CPU; --device cuda)     (bench/ops_bench.py)
   sim        simulator validation report                                              (bench/sim_report.py)
@@ -20,7 +21,8 @@ import sys
 SUITES = {"store": "bench.store_bench", "sim": "bench.sim_report", "serving": "bench.serving_suite",
           "prefetch": "bench.prefetch_bench", "ops": "bench.ops_bench", "kernels": "bench.kernels_bench",
           "flashtrans": "bench.flashtrans_bench", "flashmla": "bench.flashmla_check",
-          "trace": "bench.trace_suite", "slo": "bench.slo_suite"}
+          "trace": "bench.trace_suite", "slo": "bench.slo_suite",
+          "pd": "bench.pd_suite"}
 
 
 def main() -> int:

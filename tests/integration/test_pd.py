@@ -12,7 +12,8 @@ page (64); the ESS decode node warms every request and then makes exactly the wa
 per-layer misses a colocated ESS server makes on the same prompts (both without SGLang's overlap
 schedule, see NO_OVERLAP); its live host rows and hot buffers
 return to zero without a flush. The plain decode node (no warm-state buffer: SGLang drops the extra one)
-gives the same tokens.
+gives the same tokens. Negative control: a third decode node that zeroes the landed latent rows (a debug
+stand-in for a transfer that skipped the KV write) answers differently.
 """
 
 import importlib.util
@@ -131,10 +132,12 @@ def pd():
                                          "mooncake", *NO_OVERLAP, *HOT], env)
         dec_off = Server("pd_decode_off", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
                                            "mooncake", "--ess-enabled", "false"], env)
-        servers += [prefill, dec_on, dec_off]
+        dec_drop = Server("pd_decode_drop", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
+                                             "mooncake", *HOT], {**env, "SGLESS_PD_DEBUG_DROP_LANDED_KV": "1"})
+        servers += [prefill, dec_on, dec_off, dec_drop]
         for s in servers:
             s.wait_healthy()
-        for d in (dec_on, dec_off):
+        for d in (dec_on, dec_off, dec_drop):
             routers.append(Router(prefill, bootstrap, d))
             routers[-1].wait_ready()
         before, p_before = _settled(dec_on), _settled(prefill)
@@ -143,6 +146,7 @@ def pd():
         out["decode_delta"] = _delta(out["decode_usage"], before)
         out["prefill_delta"] = _delta(_settled(prefill), p_before)
         out["off"] = [_out(routers[1].generate(p, 24)) for p in PROMPTS]
+        out["drop"] = [_out(routers[2].generate(p, 24)) for p in PROMPTS]
         out["prefill_usage"] = _settled(prefill)
         out["prefill_log"] = prefill.log_tail(400)
         out["decode_log"] = dec_on.log_tail(400)
@@ -175,6 +179,14 @@ def test_ess_decode_node_gives_the_colocated_servers_tokens_and_logprobs(pd):
 
 def test_plain_decode_node_gives_the_same(pd):
     assert pd["off"] == pd["colocated"]
+
+
+def test_negative_control_a_decode_node_whose_landed_latents_are_zeroed_answers_differently(pd):
+    """The stand-in zeroes the transferred latent rows at commit (SGLESS_PD_DEBUG_DROP_LANDED_KV): the
+    tokens decoded from them must change, or the equality above would not show that the KV landed."""
+    for (_, lp_drop), (_, lp_ref) in zip(pd["drop"], pd["colocated"]):
+        assert lp_drop[0] == lp_ref[0]          # the first token is the prefill's
+        assert lp_drop[1:] != lp_ref[1:]
 
 
 def test_the_prefills_warm_state_warms_the_decode_node_as_a_colocated_server_warms(pd):

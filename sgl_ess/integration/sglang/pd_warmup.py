@@ -28,6 +28,7 @@ match for the rows to line up: run the same --ess-hot-slots-per-request on both 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -39,6 +40,9 @@ from . import lifecycle, targets
 logger = logging.getLogger(__name__)
 
 MAGIC = 0x45535331          # "ESS1"
+# Debug stand-in for a transfer that skipped the latent write (tests' negative control): "1" zeroes a
+# request's landed latent rows on the decode node when its transfer commits. Never set it in service.
+DEBUG_DROP_LANDED_KV = "SGLESS_PD_DEBUG_DROP_LANDED_KV"
 HEADER = 8
 _warned: set = set()
 
@@ -142,6 +146,8 @@ def _before_commit(queue, decode_req, *args, **kwargs):
     warm = getattr(queue.metadata_buffers, "ess_warm", None)
     if pool_row is None or not a.is_open(int(pool_row)):
         return None
+    if os.environ.get(DEBUG_DROP_LANDED_KV) == "1":
+        a.debug_zero_rows(int(pool_row), len(req.origin_input_ids))
     got = "absent" if warm is None else decode(warm[decode_req.metadata_buffer_index], req.bootstrap_room or 0,
                                                 a.layers, a.store_cfg.hot_slots_per_request)
     a.import_warm_state(int(pool_row), len(req.origin_input_ids), got, counted=not is_health_check_req(req))

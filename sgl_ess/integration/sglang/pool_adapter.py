@@ -343,6 +343,14 @@ class EssPoolAdapter:
                     self.store.open(r)
                     self.pd_opens += 1
 
+    def debug_zero_rows(self, row: int, seq_len: int) -> None:
+        """Zero request row `row`'s first `seq_len` latent host rows (pd_warmup's debug stand-in for a
+        transfer that skipped the latent write)."""
+        with self._lock:
+            self.store.clear_host(self.req_pool.req_to_token[row, :seq_len].to(torch.int64))
+            self.store.fence_host()
+            self.store.engine.drain()
+
     def import_warm_state(self, row: int, seq_len: int, got, counted: bool = True) -> None:
         """PD decode node, transfer committed: `got` is pd_warmup.decode's answer, (seq_len, tokens
         [L, N]) or the reason there is none. Warm the row's hot buffer, else count a cold start

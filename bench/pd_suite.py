@@ -29,22 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.meta import write_result  # noqa: E402
-from bench.serving_suite import ADMIN, ADMIN_KEY, REPO, bench, get_json, median_run, start_server, stop_server  # noqa: E402
-
-
-def _flush(base: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(base + "/flush_cache", method="POST", headers=ADMIN),
-                           timeout=120).read()
-
-
-def _status(base: str) -> dict:
-    req = urllib.request.Request(base + "/ess/status", headers=ADMIN)
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
+from bench.serving_suite import ADMIN_KEY, REPO, bench, flush, get_json, median_run, start_server, stop_server  # noqa: E402
 
 
 def start_pd(server_args: list[str], tmp: str) -> tuple[subprocess.Popen, dict]:
@@ -76,7 +64,7 @@ def stop_pd(proc: subprocess.Popen) -> None:
 
 def _run(base: str, a, path: str, flush_bases: list[str]) -> dict:
     for b in flush_bases:
-        _flush(b)
+        flush(b)
     cmd, res = bench(base, "sglang", a, path)
     return {"bench_command": cmd, "output_throughput_tok_s": res.get("output_throughput"),
             "completed": res.get("completed"), "mean_ttft_ms": res.get("mean_ttft_ms"),
@@ -111,14 +99,14 @@ def main() -> int:
         bench(colo, "sglang", warm, os.path.join(tmp, "colo_warm.jsonl"))
         memory = {"pd_decode": get_json(urls["decode"], "/ess/status").get("memory"),
                   "colocated": get_json(colo, "/ess/status").get("memory")}
-        before = _status(urls["decode"])["schedulers"][0]
+        before = get_json(urls["decode"], "/ess/status")["schedulers"][0]
         runs = {"pd": [], "colocated": []}
         for rep in range(a.repeats):
             print(f"[bench pd] round {rep + 1}/{a.repeats}", flush=True)
             runs["pd"].append(_run(urls["router"], a, os.path.join(tmp, f"pd_{rep}.jsonl"),
                                    [urls["prefill"], urls["decode"]]))
             runs["colocated"].append(_run(colo, a, os.path.join(tmp, f"colo_{rep}.jsonl"), [colo]))
-        after = _status(urls["decode"])["schedulers"][0]
+        after = get_json(urls["decode"], "/ess/status")["schedulers"][0]
     finally:
         stop_pd(pd_proc)
         if colo_proc is not None:

@@ -304,10 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch_pd: port(s) {taken} on {args.host} are in use; choose another range with --ports",
               file=sys.stderr)
         return exit_codes.PORT_IN_USE
-    stopping = {"sig": None}
-
-    def on_signal(signum, _frame):
-        stopping["sig"] = signum
+    def on_signal(_signum, _frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)

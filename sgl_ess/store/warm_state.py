@@ -88,7 +88,7 @@ def state_from_lru_tokens(tokens: torch.Tensor, seq_len: int, n: int) -> tuple[t
         return None
     tokens = tokens.to(torch.int64)
     valid = tokens >= 0
-    if bool((tokens >= seq_len).any()) or bool(((tokens < -1)).any()):
+    if bool((tokens >= seq_len).any()) or bool((tokens < -1).any()):
         return None
     ar = torch.arange(n, device=tokens.device).expand_as(tokens)
     if seq_len <= n:

@@ -13,15 +13,15 @@ rebuilds the same LRU state and fetches those rows from its host pool, where the
 Wire row (int32): a header [MAGIC, layers, hot slots N, seq_len, room lo, room hi, 0, 0], then
 layers x N positions (request-relative, so both nodes' own locations apply). That is the closed
 form: (8 + L x N) x 4 bytes per request, capped by the hot buffer; the raw alternative (the last
-W rows of top-k) is L x W x index_topk x 4 (``wire_bytes``).
+W rows of top-k) is L x W x index_topk x 4.
 
 The buffer is the last metadata buffer; SGLang pairs metadata buffers by position and stops at the
 shorter list, so a peer without ESS (or with ESS off) drops it (SGLang logs the count mismatch
 once per peer) and the request starts cold. A row whose header does not match this node (another
 layer count or --ess-hot-slots-per-request, another request's room, a state that is not a valid
 LRU state) is refused: the request starts cold. Both are counted (``cold_starts``,
-``pd_warm_rejected``; health-check requests are not); a warm state is a hint, never needed for correctness. Item sizes must
-match for the rows to line up: run the same --ess-hot-slots-per-request on both roles
+``pd_warm_rejected``; health-check requests are not); a warm state is a hint, never needed for
+correctness. Item sizes must match for the rows to line up: run the same --ess-hot-slots-per-request on both roles
 (``python -m sgl_ess.launch_pd`` does).
 """
 
@@ -44,12 +44,6 @@ MAGIC = 0x45535331          # "ESS1"
 # request's landed latent rows on the decode node when its transfer commits. Never set it in service.
 DEBUG_DROP_LANDED_KV = "SGLESS_PD_DEBUG_DROP_LANDED_KV"
 HEADER = 8
-_warned: set = set()
-
-
-def wire_bytes(layers: int, hot_slots: int, warmup_queries: int = 0, topk: int = 0) -> dict:
-    """Bytes per request of the closed form (sent) and of the raw last-W top-k rows (not sent)."""
-    return {"closed_form": (HEADER + layers * hot_slots) * 4, "raw_topk_rows": layers * warmup_queries * topk * 4}
 
 
 def _split_room(room: int) -> tuple[int, int]:
@@ -80,13 +74,6 @@ def decode(row: torch.Tensor, room: int, layers: int, n: int) -> tuple[int, torc
     if row.numel() < HEADER + layers * n:
         return "the row is shorter than the header says"
     return int(head[3]), row[HEADER:HEADER + layers * n].reshape(layers, n).to(torch.int64)
-
-
-def _adapter_for_pool(req_pool):
-    for a in lifecycle.all_adapters():
-        if a.req_pool is req_pool:
-            return a
-    return None
 
 
 # --- hooks ---------------------------------------------------------------------------------
@@ -128,9 +115,7 @@ def _after_set_buf(result, buffers, req, *args, **kwargs):
     if pool_row is None or not a.is_open(int(pool_row)):
         row[:HEADER] = 0                      # nothing warm to send: the decode starts it cold
         return None
-    with a._lock:
-        tokens = a.store.lru_tokens(int(pool_row))
-    encode(row, req.bootstrap_room or 0, len(req.origin_input_ids), tokens)
+    encode(row, req.bootstrap_room or 0, len(req.origin_input_ids), a.export_warm_state(int(pool_row)))
     if not is_health_check_req(req):      # SGLang's and the router's health checks are not counted
         a.pd_warm_sent += 1
     return None
@@ -138,7 +123,7 @@ def _after_set_buf(result, buffers, req, *args, **kwargs):
 
 def _before_commit(queue, decode_req, *args, **kwargs):
     """Decode node: the KV has landed; warm the request's (cold-opened) hot buffer from the wire."""
-    a = _adapter_for_pool(getattr(queue.scheduler, "req_to_token_pool", None)) or lifecycle.active_store()
+    a = lifecycle.active_store()
     if a is None:
         return None
     req = decode_req.req

@@ -349,7 +349,11 @@ class EssPoolAdapter:
         with self._lock:
             self.store.clear_host(self.req_pool.req_to_token[row, :seq_len].to(torch.int64))
             self.store.fence_host()
-            self.store.engine.drain()
+
+    def export_warm_state(self, row: int) -> torch.Tensor:
+        """PD prefill node: request row `row`'s LRU state as tokens [L, N] (pd_warmup.encode)."""
+        with self._lock:
+            return self.store.lru_tokens(row)
 
     def import_warm_state(self, row: int, seq_len: int, got, counted: bool = True) -> None:
         """PD decode node, transfer committed: `got` is pd_warmup.decode's answer, (seq_len, tokens

@@ -29,6 +29,11 @@ this table).
 | sgless_queue_requests                    | gauge   |           | requests waiting for admission                                  |
 | sgless_queue_oldest_wait_seconds         | gauge   |           | how long the oldest waiting request has waited                  |
 | sgless_running_requests                  | gauge   |           | requests in the running batch                                   |
+| sgless_pd_queue_requests                 | gauge   | queue     | PD only: SGLang's disaggregation queues (decode: prealloc, transfer, retracted; prefill: bootstrap, inflight) |
+| sgless_pd_warm_starts_total              | counter |           | PD decode: requests whose hot buffer was warmed from the prefill's state |
+| sgless_pd_cold_starts_total              | counter |           | PD decode: requests that started cold (no state sent, or refused) |
+| sgless_pd_warm_rejected_total            | counter |           | PD decode: warm states refused (layout, room or LRU mismatch: see the log) |
+| sgless_pd_warm_sent_total                | counter |           | PD prefill: warm states written into SGLang's transfer          |
 | sgless_prefetch_plans_total              | counter | tier      | prefetch plans submitted per tier (immediate/speculative/...)   |
 | sgless_prefetch_rows_total               | counter | tier      | rows fetched per prefetch tier                                  |
 | sgless_prefetch_busy_seconds_total       | counter | tier      | transfer-engine busy time per tier (rate() = utilisation)       |

@@ -14,6 +14,12 @@ schedule, see NO_OVERLAP); its live host rows and hot buffers
 return to zero without a flush. The plain decode node (no warm-state buffer: SGLang drops the extra one)
 gives the same tokens. Negative control: a third decode node that zeroes the landed latent rows (a debug
 stand-in for a transfer that skipped the KV write) answers differently.
+Also (item 4 and the lifecycle): a decode node refuses, before bootstrap, what its host pool can never
+hold, by SGLang's own decode rule (--num-reserved-decode-tokens beyond the prompt) -- before that rule
+a 3600-token prompt for 8 tokens on a 4096-token decode pool waited past the client's 90 s timeout
+(run by hand) -- and the prefill lets go of the refused requests; a request aborted while its KV is in
+flight (seen in the decode's transfer queue) leaves no live row or hot buffer on either node, without a
+flush; after /flush_cache on both nodes the next request answers as before.
 """
 
 import importlib.util
@@ -25,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -90,12 +97,62 @@ class Router:
                     raise
                 time.sleep(1.0)
 
+    def post(self, body: dict, timeout: float = 300) -> tuple[int, str]:
+        return _post(self.base, "/generate", body, timeout)
+
     def stop(self):
         try:
             os.killpg(self.proc.pid, 9)
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
+
+
+def _post(base: str, path: str, body: dict, timeout: float = 300, headers=None) -> tuple[int, str]:
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+_IDS = random.Random(18)
+SMALL_DECODE_POOL = 4096
+# prompt 1000 + 3500 new + a page > 4096; prompt 3600 + SGLang's 512 reserved decode tokens + a page > 4096
+REFUSED = [{"input_ids": [_IDS.randrange(5, 2048) for _ in range(n)],
+            "sampling_params": {"max_new_tokens": m, "temperature": 0}} for n, m in ((1000, 3500), (3600, 8))]
+LONG = [_IDS.randrange(5, 2048) for _ in range(3000)]      # its prefill takes seconds here: a wide transfer window
+
+
+def _pd_queue(server) -> dict:
+    return server.ess_usage()["queue"].get("pd", {})
+
+
+def _refusals(router, prefill) -> dict:
+    got = [router.post(b, timeout=120) for b in REFUSED]
+    deadline = time.time() + 120
+    while time.time() < deadline and (_pd_queue(prefill).get("bootstrap_requests") or
+                                      not ess_live_zero(prefill.ess_usage())):
+        time.sleep(0.5)
+    return {"answers": got, "prefill_queue": _pd_queue(prefill), "prefill_usage": prefill.ess_usage()}
+
+
+def _abort_during_transfer(router, prefill, dec) -> dict:
+    res = {}
+    body = {"input_ids": LONG, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+    th = threading.Thread(target=lambda: res.update(answer=router.post(body, timeout=300)))
+    th.start()
+    seen, deadline = None, time.time() + 120
+    while seen is None and th.is_alive() and time.time() < deadline:
+        q = _pd_queue(dec)
+        seen = q if q.get("transfer_requests") else None
+        time.sleep(0.05)
+    aborted = _post(dec.base, "/abort_request", {"abort_all": True}, 60, dec.auth)
+    th.join(300)
+    return {"seen": seen, "aborted": aborted, "answered": not th.is_alive(), "answer": res.get("answer"),
+            "decode_usage": _settled(dec), "prefill_usage": _settled(prefill)}
 
 
 def _out(r):
@@ -133,7 +190,8 @@ def pd():
         dec_off = Server("pd_decode_off", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
                                            "mooncake", "--ess-enabled", "false"], env)
         dec_drop = Server("pd_decode_drop", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
-                                             "mooncake", *HOT], {**env, "SGLESS_PD_DEBUG_DROP_LANDED_KV": "1"})
+                                             "mooncake", *HOT, "--max-total-tokens", str(SMALL_DECODE_POOL)],
+                          {**env, "SGLESS_PD_DEBUG_DROP_LANDED_KV": "1"})
         servers += [prefill, dec_on, dec_off, dec_drop]
         for s in servers:
             s.wait_healthy()
@@ -148,6 +206,13 @@ def pd():
         out["off"] = [_out(routers[1].generate(p, 24)) for p in PROMPTS]
         out["drop"] = [_out(routers[2].generate(p, 24)) for p in PROMPTS]
         out["prefill_usage"] = _settled(prefill)
+        out["refusals"] = _refusals(routers[2], prefill)          # the small-pool decode node judges
+        out["abort"] = _abort_during_transfer(routers[0], prefill, dec_on)
+        out["after_abort"] = _out(routers[0].generate(PROMPTS[1], 24))
+        dec_on.flush_cache()
+        prefill.flush_cache()
+        out["after_flush"] = _out(routers[0].generate(PROMPTS[2], 24))
+        out["after_flush_usage"] = _settled(dec_on)
         out["prefill_log"] = prefill.log_tail(400)
         out["decode_log"] = dec_on.log_tail(400)
     finally:
@@ -207,3 +272,27 @@ def test_ess_decode_node_releases_without_a_flush(pd):
     assert ess_live_zero(pd["prefill_usage"]), pd["prefill_usage"]
     for log in (pd["prefill_log"], pd["decode_log"]):
         assert "Traceback" not in log
+
+
+def test_decode_node_refuses_what_its_host_pool_can_never_hold_before_bootstrap(pd):
+    r = pd["refusals"]
+    (st1, body1), (st2, body2) = r["answers"]
+    assert st1 == 400 and "decode node's host pool" in body1 and "max_new_tokens 3500" in body1, body1
+    assert st2 == 400 and "512 reserved decode tokens" in body2 and "Shorten the prompt below 3520" in body2, body2
+    assert r["prefill_queue"].get("bootstrap_requests") == 0, r                # the prefill let them go
+    assert ess_live_zero(r["prefill_usage"]), r["prefill_usage"]
+
+
+def test_abort_during_transfer_releases_both_nodes_without_a_flush(pd):
+    a = pd["abort"]
+    assert a["seen"] and a["seen"]["transfer_requests"] >= 1, a          # aborted while its KV was in flight
+    assert a["aborted"][0] == 200, a["aborted"]
+    assert a["answered"], "the client's request hung after the abort"
+    assert ess_live_zero(a["decode_usage"]), a["decode_usage"]
+    assert ess_live_zero(a["prefill_usage"]), a["prefill_usage"]
+    assert pd["after_abort"] == pd["colocated"][1]                        # the node still answers right
+
+
+def test_after_a_flush_on_both_nodes_the_next_request_answers_as_before(pd):
+    assert pd["after_flush"] == pd["colocated"][2]
+    assert ess_live_zero(pd["after_flush_usage"]), pd["after_flush_usage"]

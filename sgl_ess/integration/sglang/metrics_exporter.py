@@ -70,6 +70,9 @@ class _Exporter:
         self.set("sgless_queue_requests", q["waiting_requests"])
         self.set("sgless_queue_oldest_wait_seconds", q["oldest_wait_s"])
         self.set("sgless_running_requests", q["running_requests"])
+        for queue, n in (q.get("pd") or {}).items():
+            if queue.endswith("_requests"):
+                self.set("sgless_pd_queue_requests", n, queue=queue[: -len("_requests")])
         self.set("sgless_enabled", 1 if adapter is not None else 0)
         if adapter is None:
             return
@@ -85,6 +88,10 @@ class _Exporter:
         self.set("sgless_device_hot_buffer_bytes", u.get("device_bytes"))
         self.set("sgless_hit_ratio", u.get("hit_rate"))
         self._counters(u.get("counters") or {}, u)
+        if q.get("pd"):
+            for key in ("pd_warm_starts", "pd_warm_rejected", "pd_warm_sent"):
+                self.total(f"sgless_{key}_total", u.get(key))
+            self.total("sgless_pd_cold_starts_total", u.get("cold_starts"))
         self._prefetch(u.get("prefetch") or {})
 
     def _counters(self, c: dict, u: dict) -> None:

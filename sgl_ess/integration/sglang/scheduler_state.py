@@ -35,8 +35,33 @@ def queue_state(scheduler) -> dict:
     entries = [t for t in entries if t]
     running = getattr(scheduler, "running_batch", None)
     n_running = len(getattr(running, "reqs", []) or []) if running is not None else 0
-    return {"waiting_requests": len(waiting), "oldest_wait_s": round(now - min(entries), 3) if entries else 0.0,
-            "running_requests": n_running}
+    out = {"waiting_requests": len(waiting), "oldest_wait_s": round(now - min(entries), 3) if entries else 0.0,
+           "running_requests": n_running}
+    pd = pd_queues(scheduler)
+    if pd:
+        out["pd"] = pd
+    return out
+
+
+def _qlen(obj, attr: str = "queue") -> int:
+    q = getattr(obj, attr, None) if obj is not None else None
+    return len(q) if q is not None else 0
+
+
+def pd_queues(scheduler) -> dict:
+    """SGLang's disaggregation queues, by role ({} on a colocated server): a decode node's
+    pre-allocation queue (bootstrapped, waiting for memory), transfer queue (KV in flight) and retracted
+    requests; a prefill node's bootstrap queue (waiting for the decode) and in-flight sends."""
+    mode = str(getattr(getattr(scheduler, "disaggregation_mode", None), "value", "null") or "null")
+    if mode == "decode":
+        pre = getattr(scheduler, "disagg_decode_prealloc_queue", None)
+        return {"role": "decode", "prealloc_requests": _qlen(pre), "retracted_requests": _qlen(pre, "retracted_queue"),
+                "transfer_requests": _qlen(getattr(scheduler, "disagg_decode_transfer_queue", None))}
+    if mode == "prefill":
+        inflight = getattr(scheduler, "disagg_prefill_inflight_queue", None)
+        return {"role": "prefill", "bootstrap_requests": _qlen(getattr(scheduler, "disagg_prefill_bootstrap_queue", None)),
+                "inflight_requests": len(inflight) if inflight is not None else 0}
+    return {}
 
 
 def ops_state(scheduler) -> dict:

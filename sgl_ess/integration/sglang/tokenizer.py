@@ -6,8 +6,9 @@ Plugged in through official seams: ``http_server.launch_server(init_tokenizer_ma
 ``_validate_one_request`` (SGLang's per-request check, called for every tokenized request on
 every route, batches included) is extended, not replaced: after SGLang's own checks, the request
 must have at least one token, ids inside the vocabulary, and fit the token pool (with ESS on, the
-host pool) at all (``sgl_ess.serving.admission``). A refusal is a ValueError, which SGLang turns
-into a 400 before anything is sent to the scheduler.
+host pool) at all (``sgl_ess.serving.admission``), by the node's PD role (a prefill node judges the
+prompt only; a decode node also SGLang's reserved decode tokens). A refusal is a ValueError, which
+SGLang turns into a 400 before anything is sent to the scheduler (on a decode node: before bootstrap).
 
 ``generate_request`` (the one entry of every generate route -- /generate, /v1/*, /invocations,
 /vertex_generate, Ollama, any method) first applies the request guard's rules
@@ -64,6 +65,9 @@ class EssTokenizerManager(TokenizerManager):
         # in the scheduler, and this process's server_args may still hold the unresolved default
         self._page_size = int(sizing.get("page_size") or self.server_args.page_size or 1)
         self._ops = ops_from_env()
+        mode = str(getattr(self.server_args, "disaggregation_mode", "null") or "null")
+        self._role = mode if mode in ("prefill", "decode") else "colocated"
+        self._reserved_decode = int(getattr(self.server_args, "num_reserved_decode_tokens", 0) or 0)
 
     def _rule_refusal(self, obj):
         """The guard's field rules on the request object, whatever route or method built it."""
@@ -104,7 +108,8 @@ class EssTokenizerManager(TokenizerManager):
         reason = refuse_reason(
             prompt_tokens=len(ids), max_new_tokens=max_new if isinstance(max_new, int) else None,
             pool_tokens=pool if pool else 1 << 62, page_size=self._page_size,
-            ess_on=self._ess_on, vocab_size=getattr(self.model_config, "vocab_size", None), token_ids=ids)
+            ess_on=self._ess_on, vocab_size=getattr(self.model_config, "vocab_size", None), token_ids=ids,
+            role=self._role, reserved_decode_tokens=self._reserved_decode)
         if reason:
             logger.info("admission: refused: %s", reason)
             raise ValueError(reason)

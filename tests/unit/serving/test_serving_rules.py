@@ -65,6 +65,24 @@ def test_admission_refuses_what_can_never_fit_with_the_numbers():
     assert refuse_reason(4000, None, 4096, 64, True) is None            # unset max_new: first token fits
 
 
+def test_admission_knows_the_pd_role():
+    # prefill: the output length is the decode node's business (SGLang sets max_new_tokens 1 there)
+    assert refuse_reason(3000, 100000, 4096, 64, True, role="prefill") is None
+    assert refuse_reason(3000, 100000, 4096, 64, True) is not None                    # colocated: refused
+    msg = refuse_reason(4040, 10, 4096, 64, True, role="prefill")
+    assert msg and "Shorten the prompt below 4031" in msg and "max_tokens" not in msg
+    # decode: --num-reserved-decode-tokens beyond the prompt, even for a short output
+    assert refuse_reason(3600, 8, 4096, 64, True) is None                             # colocated: fits
+    msg = refuse_reason(3600, 8, 4096, 64, True, role="decode", reserved_decode_tokens=512)
+    assert msg and "decode node's host pool" in msg and "512 reserved decode tokens" in msg
+    assert "Shorten the prompt below 3520" in msg and "4176" in msg                   # 3600 + 512 + 64
+    assert refuse_reason(3400, 8, 4096, 64, True, role="decode", reserved_decode_tokens=512) is None
+    msg = refuse_reason(3000, 2000, 4096, 64, True, role="decode", reserved_decode_tokens=512)
+    assert msg and "Lower max_tokens / max_new_tokens to at most 1031" in msg                                              # the output is the rule
+    with pytest.raises(ValueError, match="expected one of"):
+        refuse_reason(10, 1, 4096, 64, True, role="Decode")
+
+
 def test_pool_sizing_is_honest():
     assert pool_tokens_from_gb(0.0013312, GEO, 64) == 4096
     assert resolve_pool_tokens(True, 0.0013312, None, GEO, 64, 65536) == (4096, "--ess-memory-pool-size-gb 0.0013312")

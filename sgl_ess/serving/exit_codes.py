@@ -4,7 +4,7 @@ flag from a taken port from a crash. Every non-zero exit prints one line on stde
 
 | code | name           | when                                                                      |
 | ---- | -------------- | ------------------------------------------------------------------------- |
-| 0    | OK             | clean shutdown (SIGTERM / Ctrl-C)                                         |
+| 0    | OK             | clean shutdown (SIGTERM / Ctrl-C; SIGTERM to the whole process group too) |
 | 2    | CONFIG         | a flag, YAML value or combination refused; checked before the model loads |
 | 3    | PORT_IN_USE    | ``--host:--port`` already has a listener; checked before the model loads  |
 | 4    | STARTUP_FAILED | a server process died before the server was ready (model load, pools)    |

@@ -97,3 +97,26 @@ def test_a_dead_scheduler_ends_open_streams_with_an_error_event_and_exit_5():
     finally:
         srv.stop()
     assert not group_alive(srv.pgid)
+
+
+def test_sigterm_to_the_whole_process_group_is_a_stop_exit_0_and_streams_end_with_an_error_event():
+    """systemd's default KillMode=control-group (or `kill -TERM -PGID`) sends SIGTERM to every process at
+    once: the schedulers exit before any drain. That is the stop that was asked for: exit 0 and one
+    "stopped" line, not "fatal ... exit 5"; an open stream ends with a 503 error event, not a cut body."""
+    srv = Server("sigterm_group", ["--max-total-tokens", "16384", "--max-running-requests", "4"])
+    try:
+        srv.wait_healthy()
+        t, events = _start_streaming(srv)
+        os.killpg(srv.pgid, signal.SIGTERM)
+        t.join(timeout=EXIT_WAIT_S)
+        rc = _wait_exit(srv)
+        log = srv.log_tail(4000)
+        assert rc == 0, f"exit code {rc} after a process-group SIGTERM:\n{log}"
+        assert "sgl_ess.launch_server: stopped: SIGTERM reached the server processes too" in log, log
+        assert "launch_server: fatal" not in log, log
+        assert events[-1] == b"<closed cleanly>", f"the stream was cut: {events[-3:]}"
+        reason = _last_data(events)["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and reason["status_code"] == 503, reason
+    finally:
+        srv.stop()
+    assert not group_alive(srv.pgid)

@@ -10,12 +10,19 @@ PROCESS_DIED (5). Before it exits, every open request is ended with an error (sh
 and the event loop gets a moment to send it, so a streaming client reads an error event rather
 than a body cut mid-stream. The launcher turns the coredump / py-spy waits off on machines
 without CUDA. SIGTERM starts shutdown.py's bounded drain.
+
+A stop of the whole process group (``kill -TERM -PGID``, systemd's default ``KillMode=control-group``,
+a test harness) delivers SIGTERM to the schedulers too: they exit at once and the launcher sees them
+gone. When the launcher is already draining on its own SIGTERM and every process that went died of
+SIGTERM, that is the stop that was asked for, not a crash: open requests end with a 503 ("the server
+is shutting down"), one line says so, and the exit is 0.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -50,7 +57,9 @@ def is_ready() -> bool:
     return _ready
 
 
-def _dead_children() -> list[str]:
+def _dead_children(known: dict[int, int] | None = None) -> list[tuple[str, int | None]]:
+    """(name pid (how), exit code or None) of each recorded child that is gone; `known`: exit codes
+    already reaped by SGLang's watchdog (multiprocessing), by pid."""
     dead = []
     for pid, name in _children.items():
         try:
@@ -66,8 +75,10 @@ def _dead_children() -> list[str]:
                 code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:
             pass
+        if code is None and known:
+            code = known.get(pid)
         how = "" if code is None else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
-        dead.append(f"{name} pid {pid}{how}")
+        dead.append((f"{name} pid {pid}{how}", code))
     return dead
 
 
@@ -76,12 +87,13 @@ _fatal_once = threading.Lock()
 
 def fatal_exit(code: int, what: str) -> None:
     """Print one line, stop every child, exit with `code` (never returns; a second caller, e.g. the
-    fallback timer, returns at once while the first one exits)."""
+    fallback timer, returns at once while the first one exits). Exit 0 is a stop, not a failure."""
     if not _fatal_once.acquire(blocking=False):
         return
-    line = f"sgl_ess.launch_server: fatal: {what}; stopped all server processes (exit {code}, " \
+    kind = "stopped" if code == exit_codes.OK else "fatal"
+    line = f"sgl_ess.launch_server: {kind}: {what}; stopped all server processes (exit {code}, " \
            f"{exit_codes.NAMES[code]})"
-    logger.error(line)
+    (logger.warning if code == exit_codes.OK else logger.error)(line)
     print(line, file=sys.stderr, flush=True)
     try:
         from sglang.srt.utils import kill_process_tree
@@ -113,13 +125,24 @@ def _running_phase(tokenizer_manager) -> None:
         logger.exception("crash dump")
     if not _ready:
         launch_phase_handler()
-    dead = _dead_children()
-    what = ("server process died while serving: " + ", ".join(dead)) if dead else \
-        "a server process reported a fatal error while serving (its error is above)"
+    reaped = {p.pid: p.exitcode for p in (getattr(watchdog, "_processes", None) or [])
+              if getattr(p, "exitcode", None) is not None}
+    dead = _dead_children(reaped)
+    stop = shutdown.draining() and bool(dead) and all(c == -signal.SIGTERM for _, c in dead)
+    if stop:
+        code = exit_codes.OK
+        what = ("SIGTERM reached the server processes too (a process-group stop): " +
+                ", ".join(d for d, _ in dead))
+        message, status = "the server is shutting down (stopped by SIGTERM); retry on another replica", 503
+    else:
+        code = exit_codes.PROCESS_DIED
+        what = ("server process died while serving: " + ", ".join(d for d, _ in dead)) if dead else \
+            "a server process reported a fatal error while serving (its error is above)"
+        message, status = ("the server failed while serving this request (a server process died); "
+                           "retry on another replica"), 500
     loop = getattr(tokenizer_manager, "event_loop", None)
     try:
-        ended = shutdown.end_all(tokenizer_manager, "the server failed while serving this request "
-                                                    "(a server process died); retry on another replica", 500)
+        ended = shutdown.end_all(tokenizer_manager, message, status)
     except Exception:  # noqa: BLE001 - exiting anyway
         logger.exception("ending open requests")
         ended = 0
@@ -127,10 +150,10 @@ def _running_phase(tokenizer_manager) -> None:
         _exiting = True
         shutdown.begin_drain()                           # nothing new is admitted meanwhile
         # the handler runs on the loop's thread: return to it so the error events are sent, then exit
-        threading.Timer(_ERROR_FLUSH_S * 3, fatal_exit, (exit_codes.PROCESS_DIED, what)).start()
-        loop.call_later(_ERROR_FLUSH_S, fatal_exit, exit_codes.PROCESS_DIED, what)
+        threading.Timer(_ERROR_FLUSH_S * 3, fatal_exit, (code, what)).start()
+        loop.call_later(_ERROR_FLUSH_S, fatal_exit, code, what)
         return
-    fatal_exit(exit_codes.PROCESS_DIED, what)
+    fatal_exit(code, what)
 
 
 def _signal_handler_class():

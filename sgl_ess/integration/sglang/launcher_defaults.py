@@ -94,6 +94,7 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
         out += ["--disable-radix-cache"]
         logger.warning("--enable-deterministic-inference: adding --disable-radix-cache (a prefix-cached "
                        "request is not bit-identical to the same request computed whole)")
+    out = dp_balance_default(out, cfg.enabled)
     workers = int_flag(out, "--tokenizer-worker-num")
     if workers is not None and workers > 1:
         raise PreflightError(f"--tokenizer-worker-num {workers}: sgl_ess.launch_server's request guard and "
@@ -188,6 +189,21 @@ def pools_per_node(lay: dict, has_cuda: bool) -> int:
 def _layout(lay: dict) -> ParallelLayout:
     return ParallelLayout(tp=lay["tp"], dp=lay["dp"], pp=lay["pp"], nnodes=lay["nnodes"],
                           dp_attention=lay["dp_attention"])
+
+
+def dp_balance_default(argv: list[str], ess_on: bool) -> list[str]:
+    """ESS on, DP > 1, colocated, no --load-balance-method: SGLang's ``total_tokens`` (its default is
+    round robin). Each DP rank's token pool IS its ESS host pool and every rank's pool has the same size,
+    so the rank with the fewest rows in use (plus queued prompts) is the one with the most free host rows:
+    the DP controller then dispatches by free host pool. A prefill node keeps SGLang's
+    ``follow_bootstrap_room`` (PD needs it); a decode node keeps SGLang's default (not tested with DP)."""
+    lay = parallel_layout(argv)
+    mode = flag_value(argv, "--disaggregation-mode") or "null"
+    if not ess_on or lay["dp"] <= 1 or mode != "null" or has_flag(argv, "--load-balance-method"):
+        return argv
+    logger.info("ESS with --dp %d: --load-balance-method total_tokens (requests go to the DP rank with the "
+                "most free host-pool rows; set --load-balance-method to choose)", lay["dp"])
+    return [*argv, "--load-balance-method", "total_tokens"]
 
 
 def cuda_ess_defaults(argv: list[str]) -> list[str]:

@@ -69,3 +69,15 @@ def test_an_explicit_pool_larger_than_host_memory_stops_the_launch(monkeypatch):
                                                                               "MemAvailable": 20 * GB})
     with pytest.raises(PreflightError, match="lower --ess-memory-pool-size-gb"):
         ld.fill_defaults([], _cfg(memory_pool_size_gb=50), has_cuda=False)
+
+
+def test_dp_ranks_are_balanced_by_host_rows_in_use_with_ess_on():
+    dp = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
+    assert ld.flag_value(ld.dp_balance_default(dp, True), "--load-balance-method") == "total_tokens"
+    assert ld.flag_value(ld.dp_balance_default(["--dp-size", "2"], True), "--load-balance-method") == "total_tokens"
+    assert ld.dp_balance_default(dp, False) == dp                                     # ESS off: SGLang's own
+    assert ld.dp_balance_default(["--tp", "2"], True) == ["--tp", "2"]                # one DP rank: nothing
+    chosen = [*dp, "--load-balance-method", "round_robin"]
+    assert ld.dp_balance_default(chosen, True) == chosen                              # the user's choice wins
+    prefill = [*dp, "--disaggregation-mode", "prefill"]
+    assert ld.dp_balance_default(prefill, True) == prefill                            # PD keeps SGLang's rule

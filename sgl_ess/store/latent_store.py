@@ -50,14 +50,23 @@ logger = logging.getLogger(__name__)
 WORKER_MIN_CPUS = 4
 
 
-def auto_cpu_engine() -> str:
+def rank_cpu_cores() -> int:
+    """Cores this scheduler rank computes on: its torch intra-op threads (SGLang binds them to the rank's
+    SGLANG_CPU_OMP_THREADS_BIND group with several ranks on a node), never more than the machine has."""
+    import os
+
+    import torch
+
+    return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+
+
+def auto_cpu_engine(cores: int | None = None) -> str:
     """The prefetch worker pays off when it has a core of its own: the scheduler's torch already
     uses two threads, and a worker sharing those cores only adds a round trip per plan (on 2 cores,
     bench/results/serving_20261129T180418Z.json: pooled over 10 interleaved runs each, the worker
-    served 0.95x the tokens/s of inline)."""
-    import os
-
-    return "worker" if (os.cpu_count() or 1) >= WORKER_MIN_CPUS else "inline"
+    served 0.95x the tokens/s of inline). `cores`: this rank's cores (rank_cpu_cores()), not the
+    machine's: TP 4 on 8 cores leaves each rank 2."""
+    return "worker" if (rank_cpu_cores() if cores is None else cores) >= WORKER_MIN_CPUS else "inline"
 
 
 class LatentStore:
@@ -123,7 +132,11 @@ class LatentStore:
     def _make_engine(self, name: str) -> FetchEngine:
         on_cuda = self.device.type == "cuda"
         if name == "auto":
-            name = "stream" if on_cuda else auto_cpu_engine()
+            cores = None if on_cuda else rank_cpu_cores()
+            name = "stream" if on_cuda else auto_cpu_engine(cores)
+            if not on_cuda:
+                logger.info("prefetch engine auto -> %s (%d core(s) for this rank; the worker process needs >= %d)",
+                            name, cores, WORKER_MIN_CPUS)
         if name == "inline":
             return InlineEngine(self.memory, self.transfer_backend)
         if name == "stream":
@@ -305,7 +318,7 @@ class LatentStore:
         self.counters.add_step(layer, reqs, a.hit, a.miss)
         n = self.cfg.hot_slots_per_request
         hot_abs = self._hot_abs(layer, reqs, a.slots)
-        spec = self.spec.claim(layer, reqs, tokens, a.miss) if self.spec is not None else None
+        spec = self.spec.claim(layer, reqs, tokens, a.miss, micro_batch) if self.spec is not None else None
         fetch = a.miss if spec is None else a.miss & (spec < 0)
         dst, to_ring = miss_destinations(fetch, hot_abs, self.slots.ring_row(group, 0), self.slots.ring_slots)
         if spec is not None:                       # staged speculatively and landed: read in place
@@ -325,7 +338,7 @@ class LatentStore:
         step.ticket = self._submit(CopyPlan("h2s", src_f, torch.where(fetch_f, dst_f, -1), layer=layer,
                                                   tier="immediate", micro_batch=micro_batch, tag_seq=seq))
         if self.spec is not None:
-            self.spec.after_plan(layer, reqs, seq_lens, tokens, req_to_host)
+            self.spec.after_plan(layer, reqs, seq_lens, tokens, req_to_host, micro_batch)
         return step
 
     def next_seq(self) -> int:

@@ -46,8 +46,12 @@ class SpeculativeStager:
         self.predictor = predictor
         self.deadline_s = deadline_s
         self.gate = PrecisionGate(options.min_precision, options.window)
-        self.pending: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}   # target -> keys, rows, seq
-        self.shadow: dict[int, torch.Tensor] = {}                               # target -> keys (fallback)
+        # keyed by (target layer, micro-batch): DBA halves / TBO children plan the same layer one after
+        # the other, and each claims only what was staged for it
+        self.pending: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int]] = {}   # -> keys, rows, seq
+        self.shadow: dict[tuple[int, int], torch.Tensor] = {}                               # -> keys (fallback)
+        self.born: dict[tuple[int, int], int] = {}          # (target, micro-batch) -> predict_calls at staging
+        self.last_call: dict[tuple[int, int], int] = {}     # (parity, micro-batch) -> its last after_plan
         self.fence: dict[int, object] = {}       # parity -> commit ticket of the spec rows' last use
         self.rows_staged = 0
         self.rows_used = 0
@@ -67,7 +71,7 @@ class SpeculativeStager:
         return reqs.unsqueeze(1) * self.store.cfg.max_context_tokens + positions
 
     def after_plan(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
-                   req_to_host: torch.Tensor) -> None:
+                   req_to_host: torch.Tensor, micro_batch: int = 0) -> None:
         st = self.store
         t0 = time.perf_counter()
         pred = self.predictor.predict(layer, st.cfg.num_layers, reqs, seq_lens, topk)
@@ -77,8 +81,14 @@ class SpeculativeStager:
             return
         target, pos = pred
         pos = torch.as_tensor(pos).to(st.device, torch.int64)
-        self.pending.pop(target, None)
-        self.shadow.pop(target, None)
+        parity = target % 2
+        # stale, never claimed: this micro-batch's own older stagings of the parity, and another's
+        # made before this micro-batch's previous turn on the parity (that one stopped planning)
+        prev = self.last_call.get((parity, micro_batch), -1)
+        self.last_call[(parity, micro_batch)] = self.predict_calls
+        for key in [k for k in self.pending if k[0] % 2 == parity and (k[1] == micro_batch or self.born[k] < prev)]:
+            del self.pending[key]
+        self.shadow.pop((target, micro_batch), None)
         if pos.numel() == 0:
             return
         n = st.cfg.hot_slots_per_request
@@ -87,35 +97,45 @@ class SpeculativeStager:
         idx = torch.searchsorted(srt, pos.clamp(min=0)).clamp(max=n - 1)
         resident = srt.gather(1, idx) == pos
         want = (pos >= 0) & (pos < seq_lens.unsqueeze(1)) & ~resident & (seq_lens > n).unsqueeze(1)
-        share = max(1, st.cfg.spec_slots // max(1, reqs.numel()))   # per request, in the predictor's order
+        # per request, in the predictor's order; the other micro-batches of the layer (the open
+        # requests outside this sub-batch) share the same rows
+        share = max(1, st.cfg.spec_slots // max(1, reqs.numel(), st.open_requests))
         want &= want.cumsum(dim=1) <= share
-        keys = torch.unique(self._key(reqs, pos)[want])[:st.cfg.spec_slots]   # sorted, duplicates dropped
+        # rows another micro-batch staged in this parity (not yet claimed) stay its own
+        free = torch.ones(st.cfg.spec_slots, dtype=torch.bool, device=st.device)
+        for (t, _), (_, held, _) in self.pending.items():
+            if t % 2 == parity:
+                free[held - st.slots.spec_row(parity, 0)] = False
+        slots = torch.nonzero(free).reshape(-1)
+        keys = torch.unique(self._key(reqs, pos)[want])[:slots.numel()]   # sorted, duplicates dropped
         if keys.numel() == 0:
             return
         if not self.gate.live:
-            self.shadow[target] = keys
+            self.shadow[(target, micro_batch)] = keys
             return
-        parity = target % 2
         if parity in self.fence:
             st.engine.wait(self.fence.pop(parity))
         req_of = keys // st.cfg.max_context_tokens
         src = req_to_host.to(st.device)[req_of, keys % st.cfg.max_context_tokens]
-        rows = st.slots.spec_row(parity, torch.arange(keys.numel(), device=st.device))
+        rows = st.slots.spec_row(parity, slots[:keys.numel()])
         seq = st.next_seq()
         st.engine.submit(CopyPlan("h2s", src, rows, layer=target, tier="speculative", tag_seq=seq,
                                   deadline_s=time.monotonic() + self.deadline_s, note="speculative"))
-        self.pending[target] = (keys, rows, seq)
+        self.pending[(target, micro_batch)] = (keys, rows, seq)
+        self.born[(target, micro_batch)] = self.predict_calls
         self.rows_staged += int(keys.numel())
         self.staged_by_layer[target] += int(keys.numel())
 
-    def claim(self, layer: int, reqs: torch.Tensor, tokens: torch.Tensor, miss: torch.Tensor) -> torch.Tensor | None:
-        """Spec rows that already hold this layer's misses: int64 [b, k] row or -1 (None if none staged)."""
+    def claim(self, layer: int, reqs: torch.Tensor, tokens: torch.Tensor, miss: torch.Tensor,
+              micro_batch: int = 0) -> torch.Tensor | None:
+        """Spec rows that already hold this (sub-)batch's misses: int64 [b, k] row or -1 (None if
+        none staged for this layer and micro-batch)."""
         want = self._key(reqs, tokens.clamp(min=0))
-        keys = self.shadow.pop(layer, None)
+        keys = self.shadow.pop((layer, micro_batch), None)
         if keys is not None:                       # fallback: score the prediction, move nothing
             idx = torch.searchsorted(keys, want).clamp(max=keys.numel() - 1)
             self.gate.record(int(keys.numel()), int((miss & (keys[idx] == want)).sum()), shadow=True)
-        p = self.pending.pop(layer, None)
+        p = self.pending.pop((layer, micro_batch), None)
         if p is None:
             return None
         keys, rows, seq = p
@@ -138,4 +158,5 @@ class SpeculativeStager:
         pending staging and the predictor's state of `req`."""
         self.pending.clear()
         self.shadow.clear()
+        self.born.clear()
         self.predictor.forget(req)

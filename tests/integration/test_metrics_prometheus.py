@@ -71,8 +71,9 @@ def test_server_exports_every_declared_ess_metric_and_dashboard_names_only_expor
     base = {re.sub(r"_(bucket|sum|count|created)$", "", n) for n in exported} | exported
     # every declared metric is there, except prefetch ones until the store reports usage()["prefetch"]
     # prefetch metrics appear only for the keys the store's usage()["prefetch"] reports (tolerated);
-    # SLO metrics only with --ess-slo-tpot-ms (tests/integration/test_slo_batch.py reads them)
-    missing = {n for n in NAMES if n not in base and not n.startswith(("sgless_prefetch_", "sgless_slo_"))}
+    # SLO metrics only with --ess-slo-tpot-ms (tests/integration/test_slo_batch.py reads them), PD ones
+    # only on a prefill or decode node (tests/integration/test_pd.py reads them)
+    missing = {n for n in NAMES if n not in base and not n.startswith(("sgless_prefetch_", "sgless_slo_", "sgless_pd_"))}
     assert not missing, f"declared but not exported: {sorted(missing)}"
     dash = json.load(open(DASHBOARD))
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]

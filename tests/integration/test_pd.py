@@ -126,6 +126,25 @@ REFUSED = [{"input_ids": [_IDS.randrange(5, 2048) for _ in range(n)],
 LONG = [_IDS.randrange(5, 2048) for _ in range(3000)]      # its prefill takes seconds here: a wide transfer window
 
 
+def _metrics(server) -> dict[str, float]:
+    """sgless_pd_* samples of `server`'s /metrics: name{labels} -> value."""
+    req = urllib.request.Request(server.base + "/metrics", headers=server.auth)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("sgless_pd_"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def _metric(samples: dict, name: str, **labels) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(w in k for w in want))
+
+
 def _pd_queue(server) -> dict:
     return server.ess_usage()["queue"].get("pd", {})
 
@@ -184,9 +203,10 @@ def pd():
     servers, routers, out = [], [], {}
     try:
         prefill = Server("pd_prefill", ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend",
-                                        "mooncake", "--disaggregation-bootstrap-port", str(bootstrap), *HOT], env)
+                                        "mooncake", "--disaggregation-bootstrap-port", str(bootstrap), *HOT,
+                                        "--enable-metrics"], env)
         dec_on = Server("pd_decode_on", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
-                                         "mooncake", *NO_OVERLAP, *HOT], env)
+                                         "mooncake", *NO_OVERLAP, *HOT, "--enable-metrics"], env)
         dec_off = Server("pd_decode_off", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
                                            "mooncake", "--ess-enabled", "false"], env)
         dec_drop = Server("pd_decode_drop", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
@@ -206,6 +226,8 @@ def pd():
         out["off"] = [_out(routers[1].generate(p, 24)) for p in PROMPTS]
         out["drop"] = [_out(routers[2].generate(p, 24)) for p in PROMPTS]
         out["prefill_usage"] = _settled(prefill)
+        time.sleep(2.5)                                           # the exporter samples once a second
+        out["metrics"] = {"prefill": _metrics(prefill), "decode": _metrics(dec_on)}
         out["refusals"] = _refusals(routers[2], prefill)          # the small-pool decode node judges
         out["abort"] = _abort_during_transfer(routers[0], prefill, dec_on)
         out["after_abort"] = _out(routers[0].generate(PROMPTS[1], 24))
@@ -296,3 +318,16 @@ def test_abort_during_transfer_releases_both_nodes_without_a_flush(pd):
 def test_after_a_flush_on_both_nodes_the_next_request_answers_as_before(pd):
     assert pd["after_flush"] == pd["colocated"][2]
     assert ess_live_zero(pd["after_flush_usage"]), pd["after_flush_usage"]
+
+
+def test_pd_metrics_show_the_queues_and_the_warm_starts(pd):
+    m = pd["metrics"]
+    u, p = pd["decode_usage"], pd["prefill_usage"]                 # the same counters as /ess/status
+    assert _metric(m["decode"], "sgless_pd_warm_starts_total") == u["pd_warm_starts"] >= len(PROMPTS), (m, u)
+    assert _metric(m["decode"], "sgless_pd_cold_starts_total") == u["cold_starts"], (m, u)
+    assert _metric(m["prefill"], "sgless_pd_warm_sent_total") == p["pd_warm_sent"] >= len(PROMPTS), (m, p)
+    for queue in ("prealloc", "transfer", "retracted"):            # idle: every queue is there, at zero
+        assert any(f'queue="{queue}"' in k for k in m["decode"]), (queue, m["decode"])
+        assert _metric(m["decode"], "sgless_pd_queue_requests", queue=queue) == 0, m["decode"]
+    for queue in ("bootstrap", "inflight"):
+        assert any(f'queue="{queue}"' in k for k in m["prefill"]), (queue, m["prefill"])

@@ -10,7 +10,8 @@ Module map:
   ess_backend.py           the ``ess`` sparse-MLA attention backend (CPU torch kernels; ESS off: device pool)
   pool_adapter.py          adapter between SGLang's pools/requests and ``sgl_ess.store.LatentStore``
   lifecycle.py             frees hot buffers / host rows on finish, abort, retract, flush; usage into internal state
-  dummy_init.py            unit-variance random weights for the embedded model (``SGLESS_DUMMY_INIT=scaled``)
+  dummy_init.py            unit-variance random weights for the embedded model (``SGLESS_DUMMY_INIT=scaled``), TP-consistent
+  pd_warmup.py             PD: the prefill's warm hot-buffer state rides in SGLang's transfer; pd_layout.py: latent layout check at bootstrap
   host_pool_class.py       SGLang's DSA pool class built host-backed: its latent buffers ARE the ESS host rows
   cuda_backend.py          CUDA: SGLang's DSA backend through store_forward (FlashMLA / Triton kernels); run as GPU fakes only
   cuda_memory.py           CUDA: token-pool sizing without device latents; NOT YET RUN

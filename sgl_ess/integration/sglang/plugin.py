@@ -24,7 +24,7 @@ def load_plugin() -> None:
     from sgl_ess.config import config_from_env
 
     from . import (backend_registration, compat, cpu_fixes, cuda_backend, dummy_init, host_pool_class, lifecycle,
-                   pd_warmup, runtime_config, slo_hooks, spec_cpu_kernels, speculative, targets)
+                   pd_layout, pd_warmup, runtime_config, slo_hooks, spec_cpu_kernels, speculative, targets)
     from .indexer_torch import indexer_forward_native
 
     cpu_fixes.register()
@@ -35,6 +35,7 @@ def load_plugin() -> None:
     spec_cpu_kernels.register()
     lifecycle.register()
     pd_warmup.register()
+    pd_layout.register()
     speculative.register_status()   # after lifecycle's internal-state hook
     runtime_config.register()
     host_pool_class.register()

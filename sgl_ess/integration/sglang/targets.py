@@ -19,6 +19,7 @@ PD_METADATA_BUF_INFOS = "sglang.srt.disaggregation.utils.MetadataBuffers.get_buf
 PD_METADATA_CLEAR_SLOT = "sglang.srt.disaggregation.utils.MetadataBuffers.clear_slot"
 PD_METADATA_SET_BUF = "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf"
 PD_DECODE_COMMIT = "sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req"
+PD_KV_MANAGER_INIT = "sglang.srt.disaggregation.common.conn.CommonKVManager.__init__"
 MOONCAKE_SENDER = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender"
 PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
 ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
@@ -66,6 +67,8 @@ PATCHED = {
     PD_METADATA_CLEAR_SLOT: "AFTER (PD, ESS on): a freed metadata slot holds no warm state",
     PD_METADATA_SET_BUF: "AFTER (PD prefill, ESS on): write the request's warm state (LRU order per layer)",
     PD_DECODE_COMMIT: "BEFORE (PD decode, ESS on): warm the request's hot buffer from it when its KV has landed",
+    PD_KV_MANAGER_INIT: "AFTER (PD, Mooncake): the manager's peer-layout validation also refuses a decode peer "
+                        "whose latent page bytes differ (pd_layout.py)",
     PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",
     DUMMY_WEIGHTS_INIT: "AROUND: with SGLESS_DUMMY_INIT=scaled, unit-variance random weights (embedded model)",

@@ -1,7 +1,8 @@
 """Issue 19: SLO-aware decode batch control (--ess-slo-tpot-ms) on a real server.
 
 Server A has no target: SGLang's own batching, and no SLO state anywhere. Its inter-token latency
-(ITL) at full batch is measured by streaming many concurrent requests. Server B gets a target below
+(ITL) at full batch is measured by streaming many concurrent requests, on its second load: like for
+like with B, which is measured on its second load too. Server B gets a target below
 that (TARGET_FRACTION of it): its controller must lower the running-request cap, and in steady state
 (the middle of the run, once the cap has settled) the ITL median must be within 15% of the target.
 With one request at a time both servers give the same greedy tokens (a cap never changes outputs).
@@ -64,6 +65,7 @@ def slo_runs():
     a = _start("slo_none", args)
     try:
         out["none_tokens"] = [a.generate(p, 16)["output_ids"] for p in PROMPTS[:4]]
+        _load(a)                                    # warm, as server B is when it is measured
         arr, t0, t1 = _load(a)
         out["none_itl"] = _steady_itl_ms(arr, t0, t1)
         out["none_status"] = a.get("/ess/status")["schedulers"][0]

@@ -74,7 +74,7 @@ def scaled_dummy_init(model: torch.nn.Module, seed: int = 1234) -> None:
     owners = {}
     for module in model.modules():
         for pname, param in module.named_parameters(recurse=False):
-            owners[id(param)] = (module, pname, param)
+            owners[id(param)] = (module, pname)
     by_name = dict(model.named_parameters())
     sharded, own = [], []
     for i, (name, tensor) in enumerate(sorted(model.state_dict().items())):
@@ -87,7 +87,7 @@ def scaled_dummy_init(model: torch.nn.Module, seed: int = 1234) -> None:
             tensor.fill_(1.0 if "norm" in name else 0.0)
             continue
         param = by_name.get(name)
-        module, pname, _ = owners.get(id(param), (None, None, None)) if param is not None else (None, None, None)
+        module, pname = owners.get(id(param), (None, None))
         if module is not None and pname in MOE_WEIGHTS and hasattr(module, "intermediate_size_per_partition"):
             _load_moe(module, pname, param, seed + i)
             sharded.append(name)

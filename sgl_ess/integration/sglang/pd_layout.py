@@ -6,9 +6,10 @@ SGLang 0.5.23's Mooncake sender checks a decode peer's KV item length only with
 wrong offsets, and answers from garbage. SGLang does check the peer's *state* buffers at registration
 (``MooncakeKVManager._validate_peer_state_layout``) and, on a mismatch, fails every transfer to that
 peer with the reason. This adds the latent rows to that check (entry 0 of the KV item lengths: one
-page of latent rows, in bytes), wrapped onto each Mooncake KV manager when it is built: a mismatch becomes SGLang's own rejection, logged once at
-registration ("Rejecting state transfers to decode session ...") and carried by each request's
-failure, so the client gets an error instead of wrong tokens.
+page of latent rows, in bytes), wrapped onto each Mooncake KV manager when it is built: a mismatch
+becomes SGLang's own rejection, logged once at registration ("Rejecting state transfers to decode
+session ...") and carried by each request's failure, so the client gets an error instead of wrong
+tokens.
 """
 
 from __future__ import annotations

@@ -131,12 +131,13 @@ class LatentStore:
 
     def _make_engine(self, name: str) -> FetchEngine:
         on_cuda = self.device.type == "cuda"
-        if name == "auto":
-            cores = None if on_cuda else rank_cpu_cores()
-            name = "stream" if on_cuda else auto_cpu_engine(cores)
-            if not on_cuda:
-                logger.info("prefetch engine auto -> %s (%d core(s) for this rank; the worker process needs >= %d)",
-                            name, cores, WORKER_MIN_CPUS)
+        if name == "auto" and on_cuda:
+            name = "stream"
+        elif name == "auto":
+            cores = rank_cpu_cores()
+            name = auto_cpu_engine(cores)
+            logger.info("prefetch engine auto -> %s (%d core(s) for this rank; the worker process needs >= %d)",
+                        name, cores, WORKER_MIN_CPUS)
         if name == "inline":
             return InlineEngine(self.memory, self.transfer_backend)
         if name == "stream":

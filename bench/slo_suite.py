@@ -1,11 +1,13 @@
 """Decode throughput against a TPOT target (--ess-slo-tpot-ms), side by side in one run.
 
-    python -m bench slo [--running 24] [--output-len 96] [--fractions 1.0,0.8,0.6,0.4] [--plot FILE.png]
+    python -m bench slo [--running 24] [--output-len 96] [--rounds 2] [--fractions 0.8,0.6,0.4] [--plot FILE.png]
 
 One server per setting, run one after the other on the same machine: first without a target
 (SGLang's own batching), which measures the unconstrained inter-token latency U at full batch; then
-one per fraction f with target f x U. Each run streams `--running` concurrent greedy requests twice
-(the first pass lets the cap settle) and reports, over the middle half of the second pass: median
+one per fraction f with target f x U. Each run drives a steady load twice (bench/steady_load.py:
+`--running` clients, each streaming `--rounds` greedy requests of 2/3 to 4/3 x `--output-len`
+tokens back to back; the first pass lets the cap settle) and reports, over the middle half of the
+second pass: median
 and p90 inter-token latency, output tokens per second of the whole pass, and the controller's final
 cap and number of cap changes. What it measures: the latency/throughput trade the controller makes
 on this machine's decode step (a speed effect of batching, not of ESS). Results:
@@ -15,38 +17,21 @@ bench/results/slo.json (command, commit, versions) and a plot with --plot.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import statistics
 import sys
-import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.meta import write_result  # noqa: E402
+from bench import steady_load  # noqa: E402
 from bench.serving_suite import ADMIN, start_server, stop_server  # noqa: E402
 
 
-def _stream(base: str, text: str, n: int) -> list[float]:
-    body = {"text": text, "stream": True, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
-    req = urllib.request.Request(base + "/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", **ADMIN})
-    times = []
-    with urllib.request.urlopen(req, timeout=1800) as r:
-        for line in r:
-            if line.startswith(b"data:") and b"[DONE]" not in line:
-                times.append(time.monotonic())
-    return times
-
-
-def _pass(base: str, prompts: list[str], n: int) -> dict:
-    t0 = time.monotonic()
-    with cf.ThreadPoolExecutor(len(prompts)) as ex:
-        arrivals = list(ex.map(lambda p: _stream(base, p, n), prompts))
-    t1 = time.monotonic()
-    lo, hi = t0 + (t1 - t0) * 0.25, t0 + (t1 - t0) * 0.75
-    gaps = sorted((b - a) * 1000 for ts in arrivals for a, b in zip(ts, ts[1:]) if lo <= a and b <= hi)
+def _pass(base: str, prompts: list[str], a) -> dict:
+    arrivals, t0, t1 = steady_load.run(base, ADMIN, prompts, a.output_len, a.rounds)
+    gaps = steady_load.steady_gaps_ms(arrivals, t0, t1)
     tokens = sum(len(ts) for ts in arrivals)
     return {"itl_p50_ms": statistics.median(gaps) if gaps else None,
             "itl_p90_ms": gaps[int(0.9 * (len(gaps) - 1))] if gaps else None,
@@ -57,8 +42,8 @@ def _run(label: str, extra: list[str], a, prompts: list[str]) -> dict:
     log = f"/tmp/sgl_ess_bench_slo_{label}.log"
     proc, base = start_server(["--max-running-requests", str(a.running), *extra], log)
     try:
-        _pass(base, prompts, a.output_len)                  # warm-up; with a target: the cap settles
-        res = _pass(base, prompts, a.output_len)
+        _pass(base, prompts, a)                             # warm-up; with a target: the cap settles
+        res = _pass(base, prompts, a)
         with urllib.request.urlopen(urllib.request.Request(base + "/ess/status", headers=ADMIN), timeout=60) as r:
             res["slo"] = json.loads(r.read())["schedulers"][0].get("slo")
     finally:
@@ -89,14 +74,18 @@ def _plot(path: str, rows: list[dict]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench slo", description=__doc__.split("\n\n")[0])
     p.add_argument("--running", type=int, default=24, help="concurrent requests = --max-running-requests")
-    p.add_argument("--output-len", type=int, default=96, help="greedy tokens per request")
+    p.add_argument("--output-len", type=int, default=96, help="mean greedy tokens per request (2/3 .. 4/3 of it)")
+    p.add_argument("--rounds", type=int, default=2, help="requests each client sends back to back per pass")
     p.add_argument("--fractions", default="0.8,0.6,0.4", help="targets as fractions of the unconstrained ITL")
     p.add_argument("--plot", default="", help="write a throughput-vs-ITL plot (PNG) here")
     a = p.parse_args()
+    for flag, v in (("--running", a.running), ("--output-len", a.output_len), ("--rounds", a.rounds)):
+        if v < 1:
+            p.error(f"{flag} {v}: expected at least 1")
     fractions = [float(x) for x in a.fractions.split(",") if x]
     prompts = [" ".join(f"b{i}q{j % 23}" for j in range(40 + 7 * i)) for i in range(a.running)]
-    print(f"SLO bench: {a.running} concurrent requests x {a.output_len} tokens; targets {fractions} x unconstrained",
-          flush=True)
+    print(f"SLO bench: {a.running} clients x {a.rounds} requests of ~{a.output_len} tokens; "
+          f"targets {fractions} x unconstrained", flush=True)
     rows = [dict(label="no target", target_ms=None, **_run("none", [], a, prompts))]
     u = rows[0]["itl_p50_ms"]
     for f in fractions:
@@ -111,8 +100,8 @@ def main() -> int:
               f"{slo.get('cap', a.running)} | {slo.get('changes', 0)} |")
     # the result first: its metadata records whether the tree is clean, and the plot is a new file in it
     path = write_result("slo", {"command": " ".join(["python -m bench slo", *sys.argv[1:]]), "running": a.running,
-                                "output_len": a.output_len, "unconstrained_itl_ms": u, "rows": rows,
-                                "plot": a.plot or None})
+                                "output_len": a.output_len, "rounds": a.rounds, "unconstrained_itl_ms": u,
+                                "rows": rows, "plot": a.plot or None})
     print(f"results: {path}")
     if a.plot:
         _plot(a.plot, rows)

@@ -5,14 +5,25 @@ each step then costs. With ``--ess-slo-tpot-ms T`` the scheduler asks this contr
 running requests before it admits new ones (it never preempts a running request):
 
   measure   the time between consecutive decode steps of the running batch (what every running
-            request sees as its inter-token latency, prefill steps in between included); a gap
-            longer than ``idle_gap_s`` (an idle server) is not a sample
-  decide    every ``every`` samples, the ``percentile`` of the last ``window`` samples q:
-              q > T (1 + hysteresis)                -> cap down by max(1, cap // 8), not below ``floor``
-              q < T (1 - hysteresis) and the batch is at the cap -> cap up by 1 (no wind-up while
-                                                       the load is below the cap)
-            the window is cleared after a change, so the next decision sees only the new cap
-  report    target, cap, last decision's q, number of changes (metrics and /ess/status)
+            request sees as its inter-token latency, prefill steps in between included), weighted
+            by the batch (one gap per token, as the clients see them); a gap longer than
+            ``idle_gap_s`` (an idle server) is not a sample
+  decide    every ``every`` samples once ``window`` samples are in, the ``percentile`` of the last
+            ``window`` samples q; a step's cost grows with its batch, so about n = T / c requests
+            meet the target, c the median over the window of each step's gap per running request
+            (r T / q for a window at one batch r):
+              q > T (1 + hysteresis)                -> cap to n (at least one lower when the batch is
+                                                       already within the cap), not below ``floor``
+              q < T (1 - hysteresis) and the batch is at the cap -> cap to n (at least one higher),
+                                                       not above the max (no wind-up while the load
+                                                       is below the cap)
+            n is taken from the batch that was measured, not from the cap, so while running requests
+            drain down to a lowered cap (they are never preempted) the same samples give the same n
+            and the cap does not wind down. With a fixed part in the step cost (a + k r) n
+            over-estimates the right cap when lowering it and under-estimates it when raising it:
+            it never steps past the target. The window is cleared after a change, and after an idle
+            gap (a new load is measured on its own).
+  report    target, cap, last decision's q and r, number of changes (metrics and /ess/status)
 
 Without a target (T = 0) the controller is not built and nothing changes. Pure Python, no torch.
 """
@@ -24,13 +35,25 @@ import math
 from dataclasses import dataclass
 
 
-def percentile(values, p: float) -> float:
-    """The p-th percentile (0..100) of `values`, nearest-rank."""
-    xs = sorted(values)
-    if not xs:
+def percentile(values, p: float, weights=None) -> float:
+    """The p-th percentile (0..100) of `values`, nearest-rank; with `weights`, each value counts
+    as many times as its weight (a step's gap weighted by its batch: the gap of every token)."""
+    if weights is None:
+        xs = sorted(values)
+        if not xs:
+            return 0.0
+        k = max(0, min(len(xs) - 1, math.ceil(p / 100.0 * len(xs)) - 1))
+        return xs[k]
+    pairs = sorted(zip(values, weights))
+    total = sum(w for _, w in pairs)
+    if not pairs or total <= 0:
         return 0.0
-    k = max(0, min(len(xs) - 1, math.ceil(p / 100.0 * len(xs)) - 1))
-    return xs[k]
+    need, seen = p / 100.0 * total, 0.0
+    for v, w in pairs:
+        seen += w
+        if seen >= need:
+            return v
+    return pairs[-1][0]
 
 
 @dataclass
@@ -59,35 +82,47 @@ class SloBatchController:
         self.s = settings
         self.cap = settings.max_cap
         self.samples: collections.deque[float] = collections.deque(maxlen=settings.window)
+        self.batches: collections.deque[int] = collections.deque(maxlen=settings.window)
         self._since = 0
         self._last_step_s: float | None = None
         self.measured_ms = 0.0
+        self.measured_batch = 0
         self.changes = 0
 
     def step_done(self, now_s: float, running: int) -> None:
         """A decode step of `running` requests finished at `now_s` (monotonic seconds)."""
         last, self._last_step_s = self._last_step_s, now_s
+        if last is not None and now_s - last > self.s.idle_gap_s:
+            self.samples.clear()
+            self.batches.clear()
         if last is None or now_s - last > self.s.idle_gap_s or running <= 0:
             return
         self.samples.append((now_s - last) * 1000.0)
+        self.batches.append(running)
         self._since += 1
-        if self._since >= self.s.every and len(self.samples) >= min(self.s.window, self.s.every):
+        if self._since >= self.s.every and len(self.samples) >= self.s.window:
             self._since = 0
             self._decide(running)
 
     def _decide(self, running: int) -> None:
-        q = percentile(self.samples, self.s.percentile)
+        q = percentile(self.samples, self.s.percentile, self.batches)
         self.measured_ms = q
         t, h = self.s.target_ms, self.s.hysteresis
+        r = int(percentile(self.batches, 50))
+        self.measured_batch = r
+        per_request = percentile([g / b for g, b in zip(self.samples, self.batches)], 50, self.batches)
+        n = int(t / per_request) if per_request > 0 else self.s.max_cap
         new = self.cap
         if q > t * (1 + h):
-            new = max(self.s.floor, min(self.cap, running) - max(1, self.cap // 8))
+            new = min(self.cap, n) if r > self.cap else min(self.cap - 1, n)
         elif q < t * (1 - h) and running >= self.cap:
-            new = min(self.s.max_cap, self.cap + 1)
+            new = max(self.cap + 1, n)
+        new = max(self.s.floor, min(self.s.max_cap, new))
         if new != self.cap:
             self.cap = new
             self.changes += 1
             self.samples.clear()
+            self.batches.clear()
 
     def admit(self, running: int, allocatable: int) -> int:
         """How many more requests may start now: SGLang's own number, capped."""
@@ -95,4 +130,5 @@ class SloBatchController:
 
     def state(self) -> dict:
         return {"target_ms": self.s.target_ms, "percentile": self.s.percentile, "cap": self.cap,
-                "max_cap": self.s.max_cap, "measured_ms": round(self.measured_ms, 3), "changes": self.changes}
+                "max_cap": self.s.max_cap, "measured_ms": round(self.measured_ms, 3),
+                "measured_batch": self.measured_batch, "changes": self.changes}

@@ -1,6 +1,6 @@
 """Issue 19: the SLO batch controller (pure Python): it moves the running-request cap from measured
-step times with hysteresis and a floor, never winds up while the load is below the cap, and admits
-no more than SGLang itself would."""
+step times with hysteresis and a floor, never winds up while the load is below the cap, never winds
+down while running requests drain to a lowered cap, and admits no more than SGLang itself would."""
 
 import pytest
 
@@ -15,6 +15,22 @@ def _run(c, step_ms_of_batch, running_of_cap, steps, t0=0.0):
     return t
 
 
+def _serve(c, step_ms_of_batch, requests, tokens, t0=0.0):
+    """A scheduler that never preempts: `requests` queued at once, each decoding `tokens` steps,
+    admitted only as c.admit allows. Returns (cap after each step, running after each step)."""
+    t, queued, running, caps, sizes = t0, requests, [], [], []
+    while queued or running:
+        n = c.admit(len(running), queued)
+        running += [tokens] * n
+        queued -= n
+        t += step_ms_of_batch(len(running)) / 1000.0
+        c.step_done(t, len(running))
+        running = [left - 1 for left in running if left > 1]
+        caps.append(c.cap)
+        sizes.append(len(running))
+    return caps, sizes
+
+
 def test_percentile_is_nearest_rank():
     assert percentile([5, 1, 3, 2, 4], 50) == 3 and percentile([5, 1, 3, 2, 4], 100) == 5
     assert percentile([], 50) == 0.0
@@ -26,6 +42,20 @@ def test_cap_settles_where_step_time_meets_the_target():
     _run(c, step, running_of_cap=64, steps=2000)
     assert abs(step(c.cap) - 50.0) <= 50.0 * 0.05 + 2.0, c.state()     # within the band, +- one request
     assert c.changes > 0
+
+
+def test_no_wind_down_while_running_requests_drain_to_a_lowered_cap():
+    # 24 requests all start at once and run 96 steps each; a step costs 10 + 3.5 b ms, so the
+    # target 50 ms is met at 11 requests. While the first 24 drain, every window is too slow, but
+    # the cap must not fall below what that batch's timing asks for (the old rule lowered it by
+    # cap // 8 every 8 steps, to the floor, before a single request had finished).
+    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=24))
+    step = lambda b: 10.0 + 3.5 * b            # noqa: E731
+    caps, _ = _serve(c, step, requests=24, tokens=96)
+    assert min(caps) >= 11, caps
+    caps, sizes = _serve(c, step, requests=200, tokens=96, t0=1000.0)
+    steady = [cap for cap, n in zip(caps[len(caps) // 4: 3 * len(caps) // 4], sizes) if n]
+    assert set(steady) <= {11, 12}, sorted(set(steady))       # 11 -> 48.5 ms, 12 -> 52 ms: the band
 
 
 def test_no_wind_up_below_the_cap_and_the_floor_holds():
@@ -43,6 +73,12 @@ def test_idle_gaps_are_not_samples_and_admit_never_exceeds_sglang():
     assert c.cap == 8 and not c.samples
     assert c.admit(running=6, allocatable=5) == 2 and c.admit(running=2, allocatable=1) == 1
     assert c.admit(running=9, allocatable=5) == 0
+    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=8))
+    for k in range(5):
+        c.step_done(k * 0.04, 8)
+    assert len(c.samples) == 4
+    c.step_done(30.0, 2)                       # a new load after an idle pause: measured on its own
+    assert not c.samples and not c.batches
 
 
 @pytest.mark.parametrize("kw", [{"target_ms": 0}, {"percentile": 0}, {"floor": 0}, {"floor": 9}])

@@ -7,8 +7,40 @@ On a machine without CUDA this raises: callers use the torch path there.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
+
+CUDART_NAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0")
+
+
+def cudart_paths_in_maps(maps_text: str) -> list[str]:
+    """Paths of CUDA runtimes mapped into a process (/proc/PID/maps text), first seen first: torch
+    wheels load their own ``libcudart.so.NN`` (from the nvidia-cuda-runtime wheel), not a bare
+    ``libcudart.so``."""
+    out = []
+    for line in maps_text.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "/libcudart.so" in path and path not in out:
+            out.append(path)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def cudart():
+    """The CUDA runtime this process uses (loaded once), or None: a runtime torch already mapped
+    first, then the usual sonames."""
+    try:
+        with open("/proc/self/maps") as f:
+            candidates = cudart_paths_in_maps(f.read())
+    except OSError:
+        candidates = []
+    for name in (*candidates, *CUDART_NAMES):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 class _CudaArray:
@@ -25,9 +57,8 @@ _TYPESTR = {torch.uint8: "|u1", torch.int32: "<i4", torch.int64: "<i8", torch.fl
 
 def device_pointer(host_ptr: int) -> int:
     """Device address of pinned host memory: cudaHostGetDevicePointer, else the UVA identity."""
-    try:
-        lib = ctypes.CDLL("libcudart.so")
-    except OSError:
+    lib = cudart()
+    if lib is None:
         return host_ptr  # UVA: registered/allocated pinned memory has the same address on device
     dev = ctypes.c_void_p()
     rc = lib.cudaHostGetDevicePointer(ctypes.byref(dev), ctypes.c_void_p(host_ptr), 0)
@@ -72,12 +103,12 @@ class HostRegistration:
         self.ptr = t.data_ptr()
         self.nbytes = t.numel() * t.element_size()
         self.chunks: list[tuple[int, int]] = []
-        cudart = torch.cuda.cudart()
+        rt = torch.cuda.cudart()
         off = 0
         try:
             while off < self.nbytes:
                 size = min(chunk_bytes, self.nbytes - off)
-                rc = cudart.cudaHostRegister(self.ptr + off, size, 0)
+                rc = rt.cudaHostRegister(self.ptr + off, size, 0)
                 if int(rc) != 0:
                     raise RuntimeError(
                         f"cudaHostRegister failed (error {int(rc)}) at byte {off} of a {self.nbytes}-byte host "
@@ -91,9 +122,9 @@ class HostRegistration:
         _REGISTERED.append(self)
 
     def unregister(self) -> None:
-        cudart = torch.cuda.cudart()
+        rt = torch.cuda.cudart()
         for ptr, _ in self.chunks:
-            cudart.cudaHostUnregister(ptr)
+            rt.cudaHostUnregister(ptr)
         self.chunks = []
         if self in _REGISTERED:
             _REGISTERED.remove(self)

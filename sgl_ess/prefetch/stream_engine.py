@@ -13,8 +13,9 @@ release (SGLang's writer stores new rows through a zero-copy view on that stream
 `fence_host` makes later writes wait for the zeroing: no race between a memset and an
 in-flight write-back can leak one request's data into another's row.
 
-Memory: borrows the store's StoreMemory; owns one stream, one event per outstanding plan, a
-one-row zero buffer, and per-tier row counters on the device (read only by `stats()`).
+Memory: borrows the store's StoreMemory; owns one stream, one event per outstanding plan (at most
+MAX_EVENTS: `PlanEvents`), a one-row zero buffer, and per-tier row counters on the device (read
+only by `stats()`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,46 @@ from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.prefetch.plan import TIERS, CopyPlan
 
 MAX_EVENTS = 4096
+
+
+class PlanEvents:
+    """The events of submitted plans nobody has waited on yet, by plan id, at most `cap`.
+
+    Plans can outlive their readers (a speculative staging nobody claims), so the table is bounded.
+    An event cannot simply be forgotten: a later wait on its ticket would then order nothing and the
+    compute stream could read a row before the copy that fills it. Past the cap, the events whose
+    work has finished are forgotten (a wait on them needs no ordering); if half the cap is still
+    pending, `join()` orders everything submitted so far before the compute stream's next work (no
+    host sync) and the table is emptied: every forgotten ticket is then ordered. `joins` counts
+    those.
+    """
+
+    def __init__(self, join, cap: int = MAX_EVENTS):
+        self.join, self.cap = join, cap
+        self.pending: dict[int, object] = {}
+        self.joins = 0
+
+    def add(self, plan_id: int, event) -> None:
+        self.pending[plan_id] = event
+        if len(self.pending) > self.cap:
+            for pid in [p for p, ev in self.pending.items() if ev.query()]:
+                del self.pending[pid]
+            if len(self.pending) > self.cap // 2:
+                self.join()
+                self.pending.clear()
+                self.joins += 1
+
+    def pop(self, plan_id: int):
+        return self.pending.pop(plan_id, None)
+
+    def get(self, plan_id: int):
+        return self.pending.get(plan_id)
+
+    def clear(self) -> None:
+        self.pending.clear()
+
+    def __len__(self) -> int:
+        return len(self.pending)
 
 
 class StreamEngine(FetchEngine):
@@ -45,7 +86,7 @@ class StreamEngine(FetchEngine):
         if self.device.type != "cuda":
             raise ValueError(f"StreamEngine: the slot space is on {self.device}, expected a CUDA device")
         self.stream = torch.cuda.Stream(self.device)
-        self.events: dict[int, torch.cuda.Event] = {}
+        self.events = PlanEvents(lambda: torch.cuda.current_stream(self.device).wait_stream(self.stream))
         self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
         self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
 
@@ -72,10 +113,7 @@ class StreamEngine(FetchEngine):
         # the index tensors were made on the compute stream and are read on the side stream
         src.record_stream(self.stream)
         dst.record_stream(self.stream)
-        self.events[plan.plan_id] = ev
-        if len(self.events) > MAX_EVENTS:          # recorded long ago and never waited on: drop
-            for pid in list(self.events)[: len(self.events) - MAX_EVENTS]:
-                del self.events[pid]
+        self.events.add(plan.plan_id, ev)
         return t
 
     def _run(self, plan: CopyPlan, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -100,7 +138,7 @@ class StreamEngine(FetchEngine):
         self.rows[plan.tier] += ((src >= 0) & (dst >= 0)).sum()
 
     def wait(self, ticket: Ticket) -> None:
-        ev = self.events.pop(ticket.plan_id, None)
+        ev = self.events.pop(ticket.plan_id)
         if ev is not None:
             torch.cuda.current_stream(self.device).wait_event(ev)
 
@@ -115,6 +153,7 @@ class StreamEngine(FetchEngine):
 
     def stats(self) -> dict:
         s = super().stats()
+        s["event_joins"] = self.events.joins
         for tier, n in self.rows.items():
             s["tiers"][tier]["rows"] = int(n)       # a host read: metrics only
             timed = self._timed[tier]

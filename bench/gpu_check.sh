@@ -11,11 +11,42 @@
 # Part 2 needs SGLang's CUDA stack (not on the lent machine: it is skipped there with one line): the
 #   embedded model served on the GPU, ESS off vs on, greedy tokens and log-prob differences, and a
 #   short bench_serving at a capped device budget (bench/gpu_serving_check.py).
+# --dry-run (any machine, ~1 minute; CI runs it: tests/integration/test_gpu_check_dry_run.py): every
+#   step with --device cpu at tiny shapes, results under $OUT/results (bench/results/ untouched), the
+#   CUDA-only benches record that they skipped, part 2 resolves both servers' flags without starting
+#   them. It checks that the script and every command it runs still work; it measures nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 step() { echo "[gpu_check] $(date -u +%T) $*"; }
+DRY=0
+case "${1:-}" in
+  --dry-run) DRY=1 ;;
+  "") ;;
+  *) echo "usage: bash bench/gpu_check.sh [--dry-run]   (unknown argument: $1)" >&2; exit 2 ;;
+esac
+if [ "$DRY" = 1 ]; then
+  step "dry run: --device cpu, tiny shapes, results in $OUT/results; nothing here is a measurement"
+  export SGL_ESS_BENCH_RESULTS="$OUT/results"
+  DEV=cpu
+  TESTS="tests/gpu"
+  KERNELS="--batch 4 --k 64 --slots 128 --context 1024 --steps 4 --heads 16 --decode-reps 2"
+  FLASHTRANS="--rows 1024 --host-rows 8192 --repeats 2"
+  FLASHMLA="--batch 2 --topk 64 --slots 1024 --repeats 2"
+  PREFETCH="--layers 2 --batch 2 --k 64 --context 1024 --slots 128 --heads 4 --index-heads 2 --steps 2"
+  OPS="--reps 2"
+  SERVING="--dry-run"
+else
+  DEV=cuda
+  TESTS="tests/gpu tests/unit/store tests/unit/attention"
+  KERNELS=""
+  FLASHTRANS=""
+  FLASHMLA=""
+  PREFETCH="--layers 61 --batch 64 --k 2048 --context 4096 --slots 2560 --heads 64 --index-heads 64 --steps 3"
+  OPS=""
+  SERVING=""
+fi
 
 if ls .whl/*.whl >/dev/null 2>&1; then
   step "installing carried wheels: $(ls .whl | tr '\n' ' ')"
@@ -29,21 +60,29 @@ print(json.dumps({"python": platform.python_version(), "torch": torch.__version_
 EOF
 
 step "part 1: CUDA tests (store, stream engine, kernels) + CPU tests of the store and attention on this torch"
-timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu tests/unit/store tests/unit/attention \
+# shellcheck disable=SC2086
+timeout 300 python3 -m pytest -q -rs -p no:cacheprovider $TESTS \
   --junitxml="$OUT/tests.xml" 2>&1 | tail -40 | tee "$OUT/tests.log"
 step "part 1: kernels (resolver us/layer, sparse decode)"
-timeout 120 python3 -m bench kernels --device cuda --out "$OUT/kernels.json" 2>&1 | tail -20
+# shellcheck disable=SC2086
+timeout 120 python3 -m bench kernels --device $DEV $KERNELS --out "$OUT/kernels.json" 2>&1 | tail -20
 step "part 1: FlashTrans GB/s vs bulk pinned copy"
-timeout 90 python3 -m bench flashtrans --device cuda --out "$OUT/flashtrans.json" 2>&1 | tail -8
+# shellcheck disable=SC2086
+timeout 90 python3 -m bench flashtrans --device $DEV $FLASHTRANS --out "$OUT/flashtrans.json" 2>&1 | tail -8
 step "part 1: FlashMLA sparse FP8 decode over the slot space"
-timeout 90 python3 -m bench flashmla --out "$OUT/flashmla.json" 2>&1 | tail -12
+# shellcheck disable=SC2086
+timeout 90 python3 -m bench flashmla $FLASHMLA --out "$OUT/flashmla.json" 2>&1 | tail -12
 step "part 1: decode-step loop, 61 layers, 656-B rows, exposed fetch per overlap level"
-timeout 200 python3 -m bench prefetch --device cuda --layers 61 --batch 64 --k 2048 --context 4096 --slots 2560 \
-  --heads 64 --index-heads 64 --steps 3 --out "$OUT/prefetch_cuda.json" 2>&1 | tail -10
+# shellcheck disable=SC2086
+timeout 200 python3 -m bench prefetch --device $DEV $PREFETCH --out "$OUT/prefetch_cuda.json" 2>&1 | tail -10
 step "part 1: operator profile for the simulator"
-timeout 90 python3 -m bench ops --device cuda --out "$OUT/ops_h200.json" 2>&1 | tail -5
+# shellcheck disable=SC2086
+timeout 90 python3 -m bench ops --device $DEV $OPS --out "$OUT/ops_h200.json" 2>&1 | tail -5
 
-if python3 -c "import sglang, sgl_kernel" >/dev/null 2>&1; then
+if [ "$DRY" = 1 ]; then
+  step "part 2 (dry run): both servers' flags resolved as on CUDA, nothing started"
+  timeout 240 python3 bench/gpu_serving_check.py $SERVING --out "$OUT/serving_gpu.json" 2>&1 | tail -5
+elif python3 -c "import sglang, sgl_kernel" >/dev/null 2>&1; then
   step "part 2: SGLang on the GPU, ESS off vs on"
   timeout 240 python3 bench/gpu_serving_check.py --out "$OUT/serving_gpu.json" 2>&1 | tail -20
 else
@@ -51,9 +90,9 @@ else
   echo '{"skipped": "sglang / sgl_kernel not installed"}' > "$OUT/serving_gpu.json"
 fi
 
-python3 - "$OUT" <<'EOF'
+python3 - "$OUT" "$DRY" <<'EOF'
 import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
+out, dry = pathlib.Path(sys.argv[1]), sys.argv[2] == "1"
 summary = {}
 for name in ("versions", "kernels", "flashtrans", "flashmla", "prefetch_cuda", "ops_h200", "serving_gpu"):
     p = out / f"{name}.json"
@@ -65,4 +104,8 @@ tests = out / "tests.log"
 summary["tests_tail"] = tests.read_text()[-3000:] if tests.exists() else None
 (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
 print(f"[gpu_check] wrote {out / 'gpu_check.json'}")
+missing = [k for k, v in summary.items() if isinstance(v, dict) and "missing" in v]
+if dry and missing:                       # on a GPU a missing part is reported in the JSON; a dry run fails
+    print(f"[gpu_check] dry run: no result from {', '.join(missing)}", file=sys.stderr)
+    sys.exit(1)
 EOF

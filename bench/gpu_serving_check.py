@@ -1,7 +1,7 @@
 """Part 2 of bench/gpu_check.sh: the embedded tiny DSA model served by SGLang on the GPU, ESS off
 vs on. NOT YET RUN: it needs SGLang's CUDA stack, which no machine available so far has had.
 
-  python bench/gpu_serving_check.py [--out PATH]
+  python bench/gpu_serving_check.py [--out PATH] [--dry-run]
 
 Starts `python -m sgl_ess.launch_server` twice on CUDA (FP8 656-byte rows, FlashMLA decode, CUDA
 graphs off: ESS on) - ESS off, then ESS on with small hot buffers - sends the same greedy prompts,
@@ -9,6 +9,11 @@ and reports whether the tokens are identical and the largest log-prob difference
 on a GPU is not bit-reproducible across different kernels' reduction orders, so the log-probs
 are reported, not asserted), then a short `sglang.bench_serving` run per mode at one capped device
 budget (output tok/s, completed requests).
+
+--dry-run (any machine; what bench/gpu_check.sh --dry-run and CI run): writes the GPU model copy,
+resolves both servers' flags through the launcher exactly as on a CUDA machine (ESS config, pool
+sizing, filled-in defaults) and, where SGLang is installed, through SGLang's own argument parser;
+starts nothing. So a renamed flag fails here, not on the day a GPU is lent.
 """
 from __future__ import annotations
 
@@ -60,6 +65,33 @@ def generate(base: str, text: str) -> list:
     return [(t[1], t[0]) for t in out["meta_info"]["output_token_logprobs"]]
 
 
+MODES = {"ess_off": ["--ess-enabled", "false", "--max-total-tokens", "32768"],
+         "ess_on": ["--ess-hot-slots-per-request", "2560", "--max-total-tokens", "65536"]}
+
+
+def dry_run(tmp: str) -> dict:
+    """Both servers' flags resolved as on a CUDA machine; nothing started."""
+    import importlib.util
+
+    from sgl_ess.integration.sglang.server_args import resolve
+
+    model = gpu_model(tmp)
+    with open(os.path.join(model, "config.json")) as fh:
+        cfg = json.load(fh)
+    out = {"dry_run": True, "model_shapes_applied": all(cfg[k] == v for k, v in GPU_SHAPES.items()), "servers": {}}
+    for name, extra in MODES.items():
+        _, _, sgl_argv, sizing = resolve(COMMON + ["--model-path", model] + extra, True)
+        entry = {"sglang_argv": sgl_argv, "pool": sizing, "sglang_parsed": None}
+        if importlib.util.find_spec("sglang") is not None:
+            from sglang.srt.server_args import prepare_server_args
+
+            sa = prepare_server_args(sgl_argv)
+            entry["sglang_parsed"] = {"device": sa.device, "attention_backend": sa.attention_backend,
+                                      "kv_cache_dtype": sa.kv_cache_dtype, "page_size": sa.page_size}
+        out["servers"][name] = entry
+    return out
+
+
 def serve(name: str, extra: list[str], tmp: str, model: str) -> dict:
     proc, base = start_server(COMMON + ["--model-path", model] + extra, os.path.join(tmp, f"{name}.log"))
     try:
@@ -83,11 +115,18 @@ def serve(name: str, extra: list[str], tmp: str, model: str) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", metavar="PATH")
+    p.add_argument("--dry-run", action="store_true", help="resolve both servers' flags as on CUDA; start nothing")
     args = p.parse_args()
+    if args.dry_run:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = dry_run(tmp)
+        print(json.dumps(res, indent=1))
+        write_result("serving_gpu_dry_run", res, also_to=args.out)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         model = gpu_model(tmp)
-        off = serve("ess_off", ["--ess-enabled", "false", "--max-total-tokens", "32768"], tmp, model)
-        on = serve("ess_on", ["--ess-hot-slots-per-request", "2560", "--max-total-tokens", "65536"], tmp, model)
+        off = serve("ess_off", MODES["ess_off"], tmp, model)
+        on = serve("ess_on", MODES["ess_on"], tmp, model)
     same = [[t for t, _ in a] == [t for t, _ in b] for a, b in zip(off["outputs"], on["outputs"])]
     diffs = [abs(x - y) for a, b in zip(off["outputs"], on["outputs"]) for (_, x), (_, y) in zip(a, b)]
     res = {"tokens_identical_per_request": same, "max_logprob_abs_diff": max(diffs) if diffs else None,

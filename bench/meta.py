@@ -10,6 +10,7 @@ import sys
 import time
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS_ENV = "SGL_ESS_BENCH_RESULTS"    # another results folder (bench/gpu_check.sh --dry-run: $OUT/results)
 
 
 def run_metadata() -> dict:
@@ -43,10 +44,11 @@ def run_metadata() -> dict:
 
 
 def write_result(name: str, payload: dict, also_to: str | None = None) -> pathlib.Path:
-    """bench/results/NAME.json with the run's metadata; the same text also at `also_to` (a bench's
-    --out, e.g. $OUT on the GPU machine) when given."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """bench/results/NAME.json (or $SGL_ESS_BENCH_RESULTS/NAME.json) with the run's metadata; the
+    same text also at `also_to` (a bench's --out, e.g. $OUT on the GPU machine) when given."""
+    folder = pathlib.Path(os.environ[RESULTS_ENV]) if os.environ.get(RESULTS_ENV) else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     text = json.dumps({"meta": run_metadata(), **payload}, indent=1, default=float) + "\n"
     path.write_text(text)
     if also_to:

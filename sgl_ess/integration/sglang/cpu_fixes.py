@@ -20,6 +20,11 @@
    (``kv_to_page_indices``). Set only when the Mooncake connector imports (PD installed).
    SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0 (the early send of a cached prefix also
    records a CUDA event) is set by the launcher on CPU in prefill mode.
+6. PD decode retraction: a decode node backs up a retracted request's KV and index keys to CPU
+   tensors and restores them when it resumes (``DSATokenToKVPool.get_cpu_copy`` /
+   ``load_cpu_copy``, with SGLang's default ``--disaggregation-decode-retraction-backup``); both
+   call ``torch.cuda.synchronize()`` unconditionally, which raised without CUDA and stopped the
+   decode node on its first retraction. Without CUDA they run with the sync calls as no-ops.
 """
 
 from __future__ import annotations
@@ -70,6 +75,11 @@ def _around_set_embed_and_head(original_fn, *args, **kwargs):
         return original_fn(*args, **kwargs)
 
 
+def _around_cpu_copy(original_fn, *args, **kwargs):
+    with no_cuda_sync_without_cuda():
+        return original_fn(*args, **kwargs)
+
+
 def _around_get_last_loc(original_fn, req_to_token, req_pool_indices_tensor, prefix_lens_tensor):
     if req_to_token.device.type == "cpu":
         from sglang.srt.mem_cache.allocation import get_last_loc_torch
@@ -98,6 +108,8 @@ def register() -> None:
     AttentionBackendRegistry.register(targets.ESS_BACKEND_NAME, _absorbed_mla)
     if not torch.cuda.is_available():
         AttentionBackendRegistry.register("torch_native", _absorbed_mla)
+        HookRegistry.register(targets.DSA_POOL_CPU_COPY, _around_cpu_copy, HookType.AROUND)
+        HookRegistry.register(targets.DSA_POOL_LOAD_CPU_COPY, _around_cpu_copy, HookType.AROUND)
         if os.environ.get("SGLESS_PD_ROLE") == "prefill":     # set by the launcher (process_env.py)
             _mooncake_sender_without_cuda()
 

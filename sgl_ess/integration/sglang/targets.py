@@ -35,6 +35,8 @@ INTERNAL_STATE = ("sglang.srt.managers.scheduler_components.internal_state."
 SET_EMBED_AND_HEAD = "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_embed_and_head"
 DRAFT_BACKEND_CREATE = "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_backend"
 GET_LAST_LOC = "sglang.srt.mem_cache.allocation.get_last_loc"
+DSA_POOL_CPU_COPY = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.get_cpu_copy"
+DSA_POOL_LOAD_CPU_COPY = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.load_cpu_copy"
 NEXTN_POST_LOAD = "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN.post_load_weights"
 SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 SCHEDULER_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
@@ -87,6 +89,9 @@ PATCHED = {
     DRAFT_BACKEND_CREATE: "AROUND: add 'ess' to the EAGLE draft backend factory's hard-coded backend maps",
     GET_LAST_LOC: "AROUND: EAGLE decode allocation on CPU tensors uses SGLang's torch get_last_loc "
                   "(its dispatch keys on the backend name)",
+    DSA_POOL_CPU_COPY: "AROUND (no CUDA): a PD decode node's retraction backup of a request's KV and index "
+                       "keys; no torch.cuda.synchronize calls without CUDA",
+    DSA_POOL_LOAD_CPU_COPY: "AROUND (no CUDA): its restore when the retracted request resumes; the same",
     NEXTN_POST_LOAD: "BEFORE: with SGLESS_DUMMY_INIT=scaled, shape the embedded model's random MTP layer "
                      "(sgl_ess/models/mtp_init.py) so drafts are sometimes accepted",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",

@@ -18,6 +18,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+# a part that fails this time must not be read from an earlier run's file
+rm -f "$OUT"/{versions,kernels,flashtrans,flashmla,prefetch_cuda,ops_h200,serving_gpu,gpu_check,tests_rc}.json
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 step() { echo "[gpu_check] $(date -u +%T) $*"; }
 DRY=0
@@ -63,6 +65,7 @@ step "part 1: CUDA tests (store, stream engine, kernels) + CPU tests of the stor
 # shellcheck disable=SC2086
 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider $TESTS \
   --junitxml="$OUT/tests.xml" 2>&1 | tail -40 | tee "$OUT/tests.log"
+echo "{\"rc\": ${PIPESTATUS[0]}}" > "$OUT/tests_rc.json"
 step "part 1: kernels (resolver us/layer, sparse decode)"
 # shellcheck disable=SC2086
 timeout 120 python3 -m bench kernels --device $DEV $KERNELS --out "$OUT/kernels.json" 2>&1 | tail -20
@@ -102,10 +105,14 @@ for name in ("versions", "kernels", "flashtrans", "flashmla", "prefetch_cuda", "
         summary[name] = {"missing": f"{type(e).__name__}: {e}"}
 tests = out / "tests.log"
 summary["tests_tail"] = tests.read_text()[-3000:] if tests.exists() else None
+rc_file = out / "tests_rc.json"
+summary["tests_rc"] = json.loads(rc_file.read_text())["rc"] if rc_file.exists() else None
 (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
 print(f"[gpu_check] wrote {out / 'gpu_check.json'}")
 missing = [k for k, v in summary.items() if isinstance(v, dict) and "missing" in v]
-if dry and missing:                       # on a GPU a missing part is reported in the JSON; a dry run fails
-    print(f"[gpu_check] dry run: no result from {', '.join(missing)}", file=sys.stderr)
+tests_failed = summary["tests_rc"] not in (0, 5)        # pytest: 0 passed or skipped, 5 nothing collected
+if dry and (missing or tests_failed):     # on a GPU both are reported in the JSON; a dry run fails
+    print(f"[gpu_check] dry run: no result from {', '.join(missing) or '-'}; pytest rc {summary['tests_rc']}",
+          file=sys.stderr)
     sys.exit(1)
 EOF

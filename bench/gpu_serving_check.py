@@ -26,7 +26,7 @@ import tempfile
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.meta import write_result  # noqa: E402
+from bench.meta import run_metadata, write_result  # noqa: E402
 from bench.serving_suite import start_server, stop_server  # noqa: E402
 
 COMMON = ["--device", "cuda", "--kv-cache-dtype", "fp8_e4m3", "--page-size", "64", "--disable-cuda-graph",
@@ -121,7 +121,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             res = dry_run(tmp)
         print(json.dumps(res, indent=1))
-        write_result("serving_gpu_dry_run", res, also_to=args.out)
+        if args.out:                      # not a measurement: never into bench/results
+            with open(args.out, "w") as fh:
+                json.dump({"meta": run_metadata(), **res}, fh, indent=1)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         model = gpu_model(tmp)

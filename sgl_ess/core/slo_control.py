@@ -10,8 +10,8 @@ running requests before it admits new ones (it never preempts a running request)
             ``idle_gap_s`` (an idle server) is not a sample
   decide    every ``every`` samples once ``window`` samples are in, the ``percentile`` of the last
             ``window`` samples q; a step's cost grows with its batch, so about n = T / c requests
-            meet the target, c the median over the window of each step's gap per running request
-            (r T / q for a window at one batch r):
+            meet the target, c the same percentile over the window of each step's gap per running
+            request (r T / q for a window at one batch r):
               q > T (1 + hysteresis)                -> cap to n (at least one lower when the batch is
                                                        already within the cap), not below ``floor``
               q < T (1 - hysteresis) and the batch is at the cap -> cap to n (at least one higher),
@@ -110,7 +110,7 @@ class SloBatchController:
         t, h = self.s.target_ms, self.s.hysteresis
         r = int(percentile(self.batches, 50))
         self.measured_batch = r
-        per_request = percentile([g / b for g, b in zip(self.samples, self.batches)], 50, self.batches)
+        per_request = percentile([g / b for g, b in zip(self.samples, self.batches)], self.s.percentile, self.batches)
         n = int(t / per_request) if per_request > 0 else self.s.max_cap
         new = self.cap
         if q > t * (1 + h):

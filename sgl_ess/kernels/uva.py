@@ -7,7 +7,6 @@ On a machine without CUDA this raises: callers use the torch path there.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -26,10 +25,14 @@ def cudart_paths_in_maps(maps_text: str) -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=1)
+_CUDART: list = []
+
+
 def cudart():
-    """The CUDA runtime this process uses (loaded once), or None: a runtime torch already mapped
-    first, then the usual sonames."""
+    """The CUDA runtime this process uses (loaded once found), or None: a runtime torch already
+    mapped first, then the usual sonames. A failed lookup is not remembered (CUDA may load later)."""
+    if _CUDART:
+        return _CUDART[0]
     try:
         with open("/proc/self/maps") as f:
             candidates = cudart_paths_in_maps(f.read())
@@ -37,7 +40,8 @@ def cudart():
         candidates = []
     for name in (*candidates, *CUDART_NAMES):
         try:
-            return ctypes.CDLL(name)
+            _CUDART.append(ctypes.CDLL(name))
+            return _CUDART[0]
         except OSError:
             continue
     return None

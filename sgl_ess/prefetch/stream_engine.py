@@ -39,14 +39,16 @@ class PlanEvents:
     compute stream could read a row before the copy that fills it. Past the cap, the events whose
     work has finished are forgotten (a wait on them needs no ordering); if half the cap is still
     pending, `join()` orders everything submitted so far before the compute stream's next work (no
-    host sync) and the table is emptied: every forgotten ticket is then ordered. `joins` counts
-    those.
+    host sync) and returns an event recorded after it all; the table is emptied: every forgotten
+    ticket is then ordered, and `done` asks that event for them. `joins` counts those.
     """
 
     def __init__(self, join, cap: int = MAX_EVENTS):
         self.join, self.cap = join, cap
         self.pending: dict[int, object] = {}
         self.joins = 0
+        self.joined_upto = -1           # plans up to this id were forgotten by the last join
+        self.join_event = None
 
     def add(self, plan_id: int, event) -> None:
         self.pending[plan_id] = event
@@ -54,9 +56,17 @@ class PlanEvents:
             for pid in [p for p, ev in self.pending.items() if ev.query()]:
                 del self.pending[pid]
             if len(self.pending) > self.cap // 2:
-                self.join()
+                self.join_event = self.join()
+                self.joined_upto = max(self.pending)
                 self.pending.clear()
                 self.joins += 1
+
+    def done(self, plan_id: int) -> bool:
+        """Has the device finished this plan (as far as the events say)?"""
+        ev = self.pending.get(plan_id)
+        if ev is None and plan_id <= self.joined_upto:
+            ev = self.join_event
+        return ev is None or ev.query()
 
     def pop(self, plan_id: int):
         return self.pending.pop(plan_id, None)
@@ -86,7 +96,7 @@ class StreamEngine(FetchEngine):
         if self.device.type != "cuda":
             raise ValueError(f"StreamEngine: the slot space is on {self.device}, expected a CUDA device")
         self.stream = torch.cuda.Stream(self.device)
-        self.events = PlanEvents(lambda: torch.cuda.current_stream(self.device).wait_stream(self.stream))
+        self.events = PlanEvents(self._join)
         self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
         self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
 
@@ -137,14 +147,20 @@ class StreamEngine(FetchEngine):
                 copy_rows(self.zero_row, torch.where(valid, 0, -1), mem.slots, torch.where(valid, src, -1), "triton")
         self.rows[plan.tier] += ((src >= 0) & (dst >= 0)).sum()
 
+    def _join(self) -> torch.cuda.Event:
+        """Order every plan submitted so far before the compute stream's next work; an event after them."""
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
     def wait(self, ticket: Ticket) -> None:
         ev = self.events.pop(ticket.plan_id)
         if ev is not None:
             torch.cuda.current_stream(self.device).wait_event(ev)
 
     def done(self, ticket: Ticket) -> bool:
-        ev = self.events.get(ticket.plan_id)
-        return ev is None or ev.query()
+        return self.events.done(ticket.plan_id)
 
     def drain(self) -> None:
         """Order everything submitted so far before the current stream's next work (no host sync)."""

@@ -27,9 +27,9 @@ colocated server's tokens, and releases everything.
 import concurrent.futures as cf
 import importlib.util
 import json
-import re
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess

@@ -54,8 +54,22 @@ def test_no_wind_down_while_running_requests_drain_to_a_lowered_cap():
     caps, _ = _serve(c, step, requests=24, tokens=96)
     assert min(caps) >= 11, caps
     caps, sizes = _serve(c, step, requests=200, tokens=96, t0=1000.0)
-    steady = [cap for cap, n in zip(caps[len(caps) // 4: 3 * len(caps) // 4], sizes) if n]
+    mid = slice(len(caps) // 4, 3 * len(caps) // 4)
+    steady = [cap for cap, n in zip(caps[mid], sizes[mid]) if n]
     assert set(steady) <= {11, 12}, sorted(set(steady))       # 11 -> 48.5 ms, 12 -> 52 ms: the band
+
+
+def test_the_estimate_uses_the_targets_percentile():
+    # a p90 target; one window at batch 10: 20 steps of 40 ms and 4 of 80 ms. The p90 is 80 ms, so
+    # 50 / (80 / 10) = 6 requests meet the target. An estimate from the median (40 ms) would say 12
+    # and the cap would only step down by one, then jump back up on the next fast window.
+    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=10, percentile=90, window=24, every=24))
+    t = 0.0
+    c.step_done(t, 10)                         # the first step end: no gap yet
+    for i in range(24):
+        t += (80.0 if i % 6 == 5 else 40.0) / 1000.0
+        c.step_done(t, 10)
+    assert c.measured_ms == pytest.approx(80.0) and c.cap == 6, c.state()
 
 
 def test_no_wind_up_below_the_cap_and_the_floor_holds():

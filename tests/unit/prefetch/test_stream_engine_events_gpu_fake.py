@@ -20,14 +20,23 @@ def test_past_the_cap_only_finished_events_are_forgotten():
     for pid in range(9):                       # plans 0..5 finished on the device, 6..8 still running
         ev.add(pid, FakeEvent(finished=pid < 6))
     assert sorted(ev.pending) == [6, 7, 8] and not joins
+    assert ev.done(2) and not ev.done(6)
     assert ev.pop(7) is not None and ev.pop(7) is None
 
 
 def test_past_the_cap_with_work_pending_the_compute_stream_joins_before_forgetting():
-    joins = []
-    ev = PlanEvents(lambda: joins.append(len(ev)), cap=8)
+    joins, join_event = [], FakeEvent(finished=False)
+
+    def join():
+        joins.append(len(ev))
+        return join_event
+
+    ev = PlanEvents(join, cap=8)
     for pid in range(9):                       # nothing finished: none may be forgotten unordered
         ev.add(pid, FakeEvent(finished=False))
     assert joins == [9] and len(ev) == 0 and ev.joins == 1     # joined while all nine were pending
+    assert not ev.done(3)                      # forgotten, but its copy may still run: the join's event says
+    join_event.finished = True
+    assert ev.done(3)
     ev.add(9, FakeEvent(finished=False))
-    assert ev.get(9) is not None and ev.joins == 1
+    assert ev.get(9) is not None and not ev.done(9) and ev.joins == 1

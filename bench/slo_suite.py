@@ -7,9 +7,8 @@ One server per setting, run one after the other on the same machine: first witho
 one per fraction f with target f x U. Each run drives a steady load twice (bench/steady_load.py:
 `--running` clients, each streaming `--rounds` greedy requests of 2/3 to 4/3 x `--output-len`
 tokens back to back; the first pass lets the cap settle) and reports, over the middle half of the
-second pass: median
-and p90 inter-token latency, output tokens per second of the whole pass, and the controller's final
-cap and number of cap changes. What it measures: the latency/throughput trade the controller makes
+second pass: median and p90 inter-token latency, output tokens per second of the whole pass, and the
+controller's final cap and number of cap changes. What it measures: the latency/throughput trade the controller makes
 on this machine's decode step (a speed effect of batching, not of ESS). Results:
 bench/results/slo.json (command, commit, versions) and a plot with --plot.
 """

@@ -71,9 +71,6 @@ class PlanEvents:
     def pop(self, plan_id: int):
         return self.pending.pop(plan_id, None)
 
-    def get(self, plan_id: int):
-        return self.pending.get(plan_id)
-
     def clear(self) -> None:
         self.pending.clear()
 

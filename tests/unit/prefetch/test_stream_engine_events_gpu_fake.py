@@ -39,4 +39,4 @@ def test_past_the_cap_with_work_pending_the_compute_stream_joins_before_forgetti
     join_event.finished = True
     assert ev.done(3)
     ev.add(9, FakeEvent(finished=False))
-    assert ev.get(9) is not None and not ev.done(9) and ev.joins == 1
+    assert 9 in ev.pending and not ev.done(9) and ev.joins == 1

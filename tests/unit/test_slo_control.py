@@ -60,16 +60,54 @@ def test_no_wind_down_while_running_requests_drain_to_a_lowered_cap():
 
 
 def test_the_estimate_uses_the_targets_percentile():
-    # a p90 target; one window at batch 10: 20 steps of 40 ms and 4 of 80 ms. The p90 is 80 ms, so
-    # 50 / (80 / 10) = 6 requests meet the target. An estimate from the median (40 ms) would say 12
-    # and the cap would only step down by one, then jump back up on the next fast window.
-    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=10, percentile=90, window=24, every=24))
+    # a p90 target; one window at batch 10 (120 samples for a p90: 12 above it, as the median's 24
+    # have): five steps of 40 ms, then one of 80 ms. The p90 is 80 ms, so 50 / (80 / 10) = 6
+    # requests meet the target. An estimate from the median (40 ms) would say 12 and the cap would
+    # only step down by one, then jump back up on the next fast window.
+    s = SloSettings(target_ms=50.0, max_cap=10, percentile=90, window=24, every=120)
+    assert s.decision_window == 120 and SloSettings(target_ms=1.0, max_cap=1).decision_window == 24
+    c = SloBatchController(s)
     t = 0.0
     c.step_done(t, 10)                         # the first step end: no gap yet
-    for i in range(24):
+    for i in range(120):
         t += (80.0 if i % 6 == 5 else 40.0) / 1000.0
         c.step_done(t, 10)
     assert c.measured_ms == pytest.approx(80.0) and c.cap == 6, c.state()
+
+
+def test_a_p90_target_settles_under_bursty_steps():
+    # 24 clients, requests of 64..128 tokens; a step costs 2 + 4 b ms and 15% of steps are 1.4x
+    # slower. The p90 target 47.6 ms = 1.4 x (2 + 4 x 8): 8 requests meet it. From 24 samples a p90
+    # rests on 2.4 of them and flips with every slow step: the old controller moved the cap between
+    # 7 and 11, ~90 times. With the p90's own window and a bounded raise it stays within a quarter
+    # above the right cap, changing at most once per 10 requests.
+    import random
+
+    rnd = random.Random(0)
+    c = SloBatchController(SloSettings(target_ms=1.4 * (2 + 4 * 8), max_cap=24, percentile=90))
+    t, running, waiting, done, steady = 0.0, [], 24, 0, []
+    while done < 400:
+        n = c.admit(len(running), waiting)
+        running += [rnd.randint(64, 128) for _ in range(n)]
+        waiting -= n
+        t += (2 + 4 * len(running)) * (1.4 if rnd.random() < 0.15 else 1.0) / 1000.0
+        c.step_done(t, len(running))
+        if done >= 100:
+            steady.append(c.cap)
+        finished = sum(1 for left in running if left == 1)
+        running = [left - 1 for left in running if left > 1]
+        done, waiting = done + finished, waiting + finished
+    assert 8 <= min(steady) and max(steady) <= 10, sorted(set(steady))
+    assert c.changes <= 40, c.state()
+
+
+def test_a_tail_target_lowers_the_cap_before_its_long_window_fills():
+    # a p95 target (240-sample window) and every step far too slow: the median of the first 24
+    # samples is already over the target, so the cap comes down then, not after 240 steps
+    c = SloBatchController(SloSettings(target_ms=50.0, max_cap=32, percentile=95))
+    assert c.window == 240
+    _run(c, lambda b: 5.0 * b, running_of_cap=32, steps=25)
+    assert c.cap < 32 and c.changes == 1, c.state()
 
 
 def test_no_wind_up_below_the_cap_and_the_floor_holds():

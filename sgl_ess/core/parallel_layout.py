@@ -21,12 +21,34 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """SGLang's --tp, --dp, --pp, --nnodes and --enable-dp-attention."""
+    """SGLang's --tp, --dp, --pp, --nnodes and --enable-dp-attention (build it with ``from_sglang``:
+    SGLang 0.5.23's newer spelling ``--attn-dp-size N`` is ``--dp N --enable-dp-attention``)."""
     tp: int = 1
     dp: int = 1
     pp: int = 1
     nnodes: int = 1
     dp_attention: bool = False
+
+    @classmethod
+    def from_sglang(cls, tp: int = 1, dp: int = 1, pp: int = 1, nnodes: int = 1, dp_attention: bool = False,
+                    attn_dp_size: int = 1) -> tuple["ParallelLayout", list[str]]:
+        """The layout SGLang 0.5.23 resolves from its flags, and what it refuses, each naming a flag.
+
+        ``--attn-dp-size N`` (N > 1) is DP attention over N groups of tp / N ranks, with one replica:
+        ``--dp N --enable-dp-attention`` in the deprecated spelling (SGLang turns that into
+        ``--attn-dp-size N``). ``--attn-dp-size`` beside ``--dp`` > 1 is refused by SGLang (replicas
+        with attention DP are not supported)."""
+        problems = []
+        if attn_dp_size < 1:
+            problems.append(f"--attn-dp-size {attn_dp_size}: expected an integer >= 1")
+        elif attn_dp_size > 1:
+            if dp > 1:
+                problems.append(f"--dp {dp} with --attn-dp-size {attn_dp_size}: SGLang does not combine data-parallel "
+                                f"replicas with attention DP; use --attn-dp-size alone (--tp {tp} "
+                                f"--attn-dp-size {attn_dp_size})")
+            dp, dp_attention = attn_dp_size, True
+        lay = cls(tp=tp, dp=dp, pp=pp, nnodes=nnodes, dp_attention=dp_attention)
+        return lay, problems or lay.problems()
 
     def problems(self) -> list[str]:
         """What makes this layout impossible, each naming the flag that fixes it (empty: fine)."""
@@ -35,8 +57,9 @@ class ParallelLayout:
         if out:
             return out
         if self.dp_attention and self.tp % self.dp:
-            out.append(f"--enable-dp-attention with --dp {self.dp} and --tp {self.tp}: the DP attention groups "
-                       f"partition the TP ranks, so --tp must be a multiple of --dp")
+            out.append(f"DP attention over {self.dp} groups (--dp {self.dp} --enable-dp-attention, or --attn-dp-size "
+                       f"{self.dp}) with --tp {self.tp}: the DP attention groups partition the TP ranks, so --tp must "
+                       f"be a multiple of --dp / --attn-dp-size (e.g. --tp {self.dp})")
         if self.world_ranks % self.nnodes:
             out.append(f"--nnodes {self.nnodes} with {self.world_ranks} ranks: every node runs the same number "
                        f"of ranks, so the ranks must be a multiple of --nnodes")

@@ -130,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
                                     "and host memory and meets the TPOT SLO, the best sparse memory ratio and "
                                     "overlap, the hot-buffer and host-pool sizes, expected tokens/s, and which "
                                     "resource binds; then the host pools per node for an SGLang layout (--tp, "
-                                    "--dp, --enable-dp-attention, --nnodes), shared and per rank. Prints its "
+                                    "--dp, --enable-dp-attention or --attn-dp-size, --nnodes), shared and per rank. Prints its "
                                     "assumptions with the answer.")
     add_config_args(pl, lists=False, exclude=("batch", "ratio"))
     add_config_args(pl, lists=False, groups=LAYOUT_GROUP)

@@ -217,6 +217,8 @@ class ServingLayoutConfig:
     enable_dp_attention: bool | None = flag(None, "SGLang --enable-dp-attention: dp attention groups of tp / dp "
                                                   "ranks (default: on when neither --tp nor --dp is given, the "
                                                   "deployment the step model simulates; else off)")
+    attn_dp_size: int | None = flag(None, "SGLang --attn-dp-size N: DP attention over N groups of tp / N ranks "
+                                          "(SGLang 0.5.23's spelling of --dp N --enable-dp-attention)")
     nnodes: int | None = flag(None, "SGLang --nnodes (default: --nodes)")
     share_host_pool: str = flag("auto", "host pools of an attention-TP group's ranks on one node: shared (one "
                                         "pool per group, the CPU serving path) | per-rank (one copy per rank, "
@@ -228,7 +230,7 @@ class ServingLayoutConfig:
                                            "CPU path)", choices=KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
-        for name in ("tp", "dp", "nnodes", "max_total_tokens"):
+        for name in ("tp", "dp", "attn_dp_size", "nnodes", "max_total_tokens"):
             if getattr(self, name) is not None:
                 _positive(ServingLayoutConfig, name, getattr(self, name))
         if self.share_host_pool not in SHARE_HOST_POOL:

@@ -27,13 +27,13 @@ def latent_row_bytes(m: ModelSpec, kv_cache_dtype: str) -> int:
 
 def resolve_layout(serving: ServingLayoutConfig, deploy: DeploymentConfig) -> ParallelLayout:
     """The layout with its defaults filled in (see ServingLayoutConfig); raises SimConfigError if impossible."""
-    plain = serving.tp is None and serving.dp is None
+    plain = serving.tp is None and serving.dp is None and serving.attn_dp_size is None
     dp_attention = plain if serving.enable_dp_attention is None else serving.enable_dp_attention
     tp = deploy.gpus if serving.tp is None else serving.tp
     dp = serving.dp if serving.dp is not None else (tp if dp_attention else 1)
-    lay = ParallelLayout(tp=tp, dp=dp, nnodes=deploy.nodes if serving.nnodes is None else serving.nnodes,
-                         dp_attention=dp_attention)
-    problems = lay.problems()
+    lay, problems = ParallelLayout.from_sglang(tp=tp, dp=dp, nnodes=deploy.nodes if serving.nnodes is None
+                                               else serving.nnodes, dp_attention=dp_attention,
+                                               attn_dp_size=serving.attn_dp_size or 1)
     if problems:
         raise SimConfigError("; ".join(problems))
     if lay.ranks_per_node > deploy.gpus_per_node:

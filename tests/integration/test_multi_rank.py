@@ -1,6 +1,8 @@
 """Issue 17: DP attention (x TP) with ESS, real processes (SGLang's own launcher, gloo, file rendezvous).
 
-`--tp 2 --dp 2 --enable-dp-attention` starts two scheduler processes, one ESS store each. Under
+`--tp 2 --attn-dp-size 2` (SGLang 0.5.23's spelling of the deprecated `--tp 2 --dp 2
+--enable-dp-attention`; the launcher reads both alike, tests/unit/test_multi_rank_launch.py) starts
+two scheduler processes, one ESS store each. Under
 concurrent clients with mixed prompt lengths DP attention pads every rank's batch to a common size
 and an idle rank runs a fabricated extend; those padding rows point at request row 0 and must never
 reach the store (sgl_ess/integration/sglang/padding.py). Checked: one request at a time (the other
@@ -25,7 +27,7 @@ from .conftest import _start
 
 pytestmark = pytest.mark.integration
 
-DP_ARGS = ["--tp", "2", "--dp", "2", "--enable-dp-attention", "--ess-hot-slots-per-request", "40",
+DP_ARGS = ["--tp", "2", "--attn-dp-size", "2", "--ess-hot-slots-per-request", "40",
            "--max-total-tokens", "8192"]
 LENGTHS = [3, 40, 150, 300, 7, 90, 500, 20]       # mixed: shorter and longer than top-k, hot buffer, a page
 

@@ -78,3 +78,36 @@ def test_padding_rows_are_those_writing_location_zero_at_the_tail():
     assert not r.padded
     with pytest.raises(RuntimeError, match="not at its tail"):
         padding.compute(_fb([0, 8], [1, 1]), [1, 1])
+
+
+def test_attn_dp_size_is_dp_attention():
+    # SGLang 0.5.23's newer spelling: --attn-dp-size N is --dp N --enable-dp-attention (which it
+    # deprecates); read as plain TP it would size one shared pool for two DP attention ranks that
+    # each build their own (half the host memory checked), and the SLO control would refuse it
+    from sgl_ess.integration.sglang.launcher_defaults import parallel_layout, pools_per_node
+
+    new = parallel_layout(["--tp", "2", "--attn-dp-size", "2"])
+    old = parallel_layout(["--tp", "2", "--dp", "2", "--enable-dp-attention"])
+    assert new == old and new["dp_attention"] and new["dp"] == 2
+    assert pools_per_node(new, has_cuda=False) == 2 and pools_per_node(parallel_layout(["--tp", "2"]), False) == 1
+    assert parallel_layout(["--tp=4", "--attn-dp-size=2"])["ranks_per_node"] == 4
+    args = SimpleNamespace(tp_size=2, dp_size=1, pp_size=1, enable_dp_attention=False, nnodes=1, attn_dp_size=2)
+    assert compat.parallel_refusals(args) == [] and compat.layout_of(args)[0].attention_tp == 1
+    assert process_env.ranks_on_this_node(*(lambda lay: (lay.tp, lay.dp, lay.pp, lay.dp_attention, lay.nnodes))(
+        compat.layout_of(args)[0])) == 2
+    both = SimpleNamespace(tp_size=2, dp_size=2, pp_size=1, enable_dp_attention=False, nnodes=1, attn_dp_size=2)
+    (reason,) = compat.parallel_refusals(both)
+    assert "--dp 2 with --attn-dp-size 2" in reason and "--attn-dp-size alone" in reason
+    uneven = SimpleNamespace(tp_size=3, dp_size=1, pp_size=1, enable_dp_attention=False, nnodes=1, attn_dp_size=2)
+    assert "--tp must be a multiple of --dp / --attn-dp-size" in compat.parallel_refusals(uneven)[0]
+
+
+def test_the_slo_control_takes_attn_dp_size_as_dp_attention():
+    from sgl_ess.config import EssConfig
+
+    cfg = EssConfig(slo_tpot_ms=50.0)
+    dpa = SimpleNamespace(tp_size=2, dp_size=1, pp_size=1, nnodes=1, enable_dp_attention=False, attn_dp_size=2,
+                          speculative_algorithm=None, enable_two_batch_overlap=False)
+    assert not [r for r in compat.refusals(dpa, cfg, has_cuda=False) if "--ess-slo-tpot-ms" in r]
+    tp = SimpleNamespace(**{**vars(dpa), "attn_dp_size": 1})
+    assert any("attention TP 2" in r for r in compat.refusals(tp, cfg, has_cuda=False))

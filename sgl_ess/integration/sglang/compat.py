@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from sgl_ess.config import EssConfig, config_from_env
+from sgl_ess.core.parallel_layout import ParallelLayout
 
 MTP_ALGORITHMS = ("EAGLE", "NEXTN")
 
@@ -46,12 +47,11 @@ def refusals(args: Any, cfg: EssConfig, has_cuda: bool) -> list[str]:
         out.append("--enable-two-batch-overlap was given but ess_config.enable_two_batch_overlap is false: remove one "
                    "of them (unset follows the flag)")
     if cfg.slo_tpot_ms > 0:
-        tp, dp = int(getattr(args, "tp_size", 1) or 1), int(getattr(args, "dp_size", 1) or 1)
-        attn_tp = tp // dp if getattr(args, "enable_dp_attention", False) else tp
+        attn_tp = layout_of(args)[0].attention_tp
         if attn_tp > 1:
             out.append(f"--ess-slo-tpot-ms with attention TP {attn_tp}: the SLO cap is decided from each rank's own "
                        "step times, and the ranks of a TP group must schedule identical batches; use DP attention "
-                       "(--enable-dp-attention --dp = --tp) or drop --ess-slo-tpot-ms")
+                       "(--attn-dp-size = --tp) or drop --ess-slo-tpot-ms")
         if cfg.slo_itl_percentile > 100:
             out.append(f"--ess-slo-itl-percentile {cfg.slo_itl_percentile:g}: expected a percentile in [1, 100]")
         if spec:
@@ -110,16 +110,22 @@ def register() -> None:
         register_resolution_hook("handle_other_validations")(_check)
 
 
+def layout_of(args: Any) -> tuple[ParallelLayout, list[str]]:
+    """The parallel layout of SGLang's parsed (not yet resolved) arguments, and its problems."""
+    def n(name):
+        return int(getattr(args, name, 1) or 1)
+
+    return ParallelLayout.from_sglang(tp=n("tp_size"), dp=n("dp_size"), pp=n("pp_size"), nnodes=n("nnodes"),
+                                      dp_attention=bool(getattr(args, "enable_dp_attention", False)),
+                                      attn_dp_size=int(getattr(args, "attn_dp_size", 1) or 1))
+
+
 def parallel_refusals(args: Any) -> list[str]:
-    """Parallel layouts SGLang would stop on with a bare assert (checked on the parsed flags,
-    before SGLang resolves them)."""
-    out = []
-    tp, dp = int(getattr(args, "tp_size", 1) or 1), int(getattr(args, "dp_size", 1) or 1)
-    nnodes = int(getattr(args, "nnodes", 1) or 1)
-    if getattr(args, "enable_dp_attention", False) and dp > 1 and tp % dp:
-        out.append(f"--enable-dp-attention with --dp {dp} and --tp {tp}: the DP attention groups partition the TP "
-                   f"ranks, so --tp must be a multiple of --dp (e.g. --tp {dp} --dp {dp})")
-    if tp * int(getattr(args, "pp_size", 1) or 1) % nnodes:
-        out.append(f"--nnodes {nnodes} with --tp {tp}: every node runs the same number of ranks, so --tp x --pp must "
-                   f"be a multiple of --nnodes")
+    """Parallel layouts SGLang would stop on with a bare assert or error (checked on the parsed
+    flags, before SGLang resolves them)."""
+    lay, problems = layout_of(args)
+    out = [p for p in problems if not p.startswith("--nnodes")]
+    if lay.tp * lay.pp % lay.nnodes:
+        out.append(f"--nnodes {lay.nnodes} with --tp {lay.tp}: every node runs the same number of ranks, so --tp x --pp "
+                   f"must be a multiple of --nnodes")
     return out

@@ -169,14 +169,16 @@ _ALIASES = {"tp": ("--tp", "--tp-size", "--tensor-parallel-size"), "dp": ("--dp"
 
 
 def parallel_layout(argv: list[str]) -> dict:
-    """tp, dp, pp, nnodes, dp_attention and ranks_per_node from SGLang's flags (any alias)."""
-    out = {}
+    """tp, dp, pp, nnodes, dp_attention and ranks_per_node from SGLang's flags (any alias);
+    ``--attn-dp-size N`` counts as ``--dp N --enable-dp-attention`` (SGLang 0.5.23's newer spelling)."""
+    vals = {}
     for key, flags in _ALIASES.items():
-        vals = [int_flag(argv, f) for f in flags]
-        out[key] = next((v for v in vals if v is not None), 1)
-    out["dp_attention"] = has_flag(argv, "--enable-dp-attention")
-    out["ranks_per_node"] = _layout(out).ranks_per_node
-    return out
+        given = [int_flag(argv, f) for f in flags]
+        vals[key] = next((v for v in given if v is not None), 1)
+    lay, _ = ParallelLayout.from_sglang(**vals, dp_attention=has_flag(argv, "--enable-dp-attention"),
+                                        attn_dp_size=int_flag(argv, "--attn-dp-size") or 1)
+    return {"tp": lay.tp, "dp": lay.dp, "pp": lay.pp, "nnodes": lay.nnodes, "dp_attention": lay.dp_attention,
+            "ranks_per_node": lay.ranks_per_node}
 
 
 def pools_per_node(lay: dict, has_cuda: bool) -> int:

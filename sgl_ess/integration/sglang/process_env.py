@@ -140,8 +140,10 @@ def bind_cpu_threads(server_args, has_cuda: bool) -> str | None:
     value set, or None when nothing was needed or the user set it."""
     if has_cuda or os.environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
         return None
-    ranks = ranks_on_this_node(server_args.tp_size, server_args.dp_size, server_args.pp_size,
-                               bool(server_args.enable_dp_attention), server_args.nnodes)
+    from .compat import layout_of
+
+    lay = layout_of(server_args)[0]
+    ranks = ranks_on_this_node(lay.tp, lay.dp, lay.pp, lay.dp_attention, lay.nnodes)
     if ranks * max(1, server_args.nnodes) <= 1:
         return None             # SGLang checks the whole world's ranks; its bind list is per node
     cores = sorted(os.sched_getaffinity(0))

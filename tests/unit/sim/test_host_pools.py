@@ -62,6 +62,8 @@ def test_layout_defaults_follow_the_deployment():
     assert resolve_layout(ServingLayoutConfig(enable_dp_attention=True), ONE_NODE) == ParallelLayout(
         tp=8, dp=8, dp_attention=True)
     assert resolve_layout(ServingLayoutConfig(tp=8), ONE_NODE) == ParallelLayout(tp=8)
+    assert resolve_layout(ServingLayoutConfig(tp=8, attn_dp_size=8), ONE_NODE) == ParallelLayout(
+        tp=8, dp=8, dp_attention=True)                       # SGLang 0.5.23's spelling of the same layout
 
 
 @pytest.mark.parametrize("serving,match", [
@@ -69,7 +71,8 @@ def test_layout_defaults_follow_the_deployment():
     (dict(tp=3, nnodes=2), "--nnodes 2"),
     (dict(tp=16), "--gpus-per-node 8"),
     (dict(share_host_pool="sometimes"), "--share-host-pool"),
-    (dict(tp=0), "--tp")])
+    (dict(tp=0), "--tp"),
+    (dict(tp=8, dp=2, attn_dp_size=2), "--attn-dp-size alone")])
 def test_impossible_layouts_name_the_flag(serving, match):
     with pytest.raises(SimConfigError, match=match):
         _report(**serving)

@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.meta import run_metadata, write_result  # noqa: E402
 from bench.serving_suite import start_server, stop_server  # noqa: E402
 
-COMMON = ["--device", "cuda", "--kv-cache-dtype", "fp8_e4m3", "--page-size", "64", "--disable-cuda-graph",
+COMMON = ["--device", "cuda", "--kv-cache-dtype", "fp8_e4m3", "--page-size", "64",
+          "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
           "--max-running-requests", "16", "--load-format", "dummy"]
 # FlashMLA's sparse FP8 decode needs DeepSeek-V3.2's attention shapes (512 + 64 latent, 64 or 128
 # heads, top-k 2048): the embedded tiny model keeps its depth, width and vocabulary but gets those.

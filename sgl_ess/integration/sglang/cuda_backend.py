@@ -21,7 +21,7 @@ reserve / plan / land / commit per decode layer); this class supplies only ``_Cu
 Not served on CUDA yet, refused at launch (compat.py): MTP (verify / draft extend / draft decode
 through the store) and mixed chunked prefill. Decode CUDA graphs: the path has no host sync and
 static shapes by design, but capture is unverified, so the launcher disables CUDA graphs with ESS
-on (``--disable-cuda-graph``).
+on (``--cuda-graph-backend-{decode,prefill} disabled``; a graph flag of the user's is kept).
 """
 
 from __future__ import annotations

@@ -210,7 +210,10 @@ def dp_balance_default(argv: list[str], ess_on: bool) -> list[str]:
 
 def cuda_ess_defaults(argv: list[str]) -> list[str]:
     """ESS on a GPU: FP8 656-byte rows decoded by FlashMLA over the slot table, 64-token pages, and
-    CUDA graphs off (the decode path is graph-safe by design, but capture is not yet verified)."""
+    CUDA graphs off (the decode path is graph-safe by design, but capture is not yet verified) in
+    SGLang 0.5.23's spelling, ``--cuda-graph-backend-{decode,prefill} disabled`` (it deprecates
+    ``--disable-cuda-graph``). A graph flag of the user's (either spelling, a phase, or
+    ``--cuda-graph-config``) is theirs: only the phases it leaves unset are disabled."""
     out = list(argv)
     if not has_flag(out, "--kv-cache-dtype"):
         out += ["--kv-cache-dtype", "fp8_e4m3"]
@@ -218,8 +221,10 @@ def cuda_ess_defaults(argv: list[str]) -> list[str]:
         out += ["--dsa-decode-backend", "flashmla_kv"]
     if not has_flag(out, "--page-size"):
         out += ["--page-size", str(DSA_PAGE_SIZE)]
-    if not has_flag(out, "--disable-cuda-graph"):
-        out += ["--disable-cuda-graph"]
+    if not has_flag(out, "--disable-cuda-graph") and not has_flag(out, "--cuda-graph-config"):
+        for phase in ("decode", "prefill"):
+            if not has_flag(out, f"--cuda-graph-backend-{phase}"):
+                out += [f"--cuda-graph-backend-{phase}", "disabled"]
     return out
 
 

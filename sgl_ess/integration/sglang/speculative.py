@@ -108,7 +108,7 @@ class EssMultiStepDraftBackend:
             b.init_forward_metadata(forward_batch)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        raise NotImplementedError("ess draft backends run without CUDA graphs (--disable-cuda-graph)")
+        raise NotImplementedError("ess draft backends run without CUDA graphs (--cuda-graph-backend-decode disabled)")
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         self.init_forward_metadata(forward_batch)

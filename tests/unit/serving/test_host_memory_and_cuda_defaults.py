@@ -38,7 +38,7 @@ def _cfg(**flags):
 def test_cpu_defaults_keep_the_torch_backend():
     out, _ = ld.fill_defaults([], _cfg(), has_cuda=False)
     assert ld.flag_value(out, "--attention-backend") == "ess" and ld.flag_value(out, "--device") == "cpu"
-    assert not ld.has_flag(out, "--disable-cuda-graph")
+    assert not ld.has_flag(out, "--disable-cuda-graph") and not ld.has_flag(out, "--cuda-graph-backend-decode")
 
 
 def test_gpu_defaults_for_ess_on(monkeypatch):
@@ -48,7 +48,9 @@ def test_gpu_defaults_for_ess_on(monkeypatch):
     assert ld.flag_value(out, "--attention-backend") == "dsa"        # SGLang's, extended by sgl-ess
     assert ld.flag_value(out, "--kv-cache-dtype") == "fp8_e4m3"
     assert ld.flag_value(out, "--dsa-decode-backend") == "flashmla_kv"
-    assert ld.flag_value(out, "--page-size") == "64" and ld.has_flag(out, "--disable-cuda-graph")
+    assert ld.flag_value(out, "--page-size") == "64" and not ld.has_flag(out, "--disable-cuda-graph")  # deprecated
+    assert ld.flag_value(out, "--cuda-graph-backend-decode") == ld.flag_value(out, "--cuda-graph-backend-prefill") \
+        == "disabled"
     # nothing sized the host pool: available memory minus the margin (40 - 8 GiB), in FP8 rows
     usable = 40 * GB - (8 << 30)
     geo = ld.model_geometry(ld.flag_value(out, "--model-path"))
@@ -61,7 +63,15 @@ def test_gpu_defaults_for_ess_on(monkeypatch):
 def test_gpu_defaults_for_ess_off_are_sglangs():
     out, _ = ld.fill_defaults([], _cfg(enabled="false"), has_cuda=True)
     assert ld.flag_value(out, "--attention-backend") == "dsa"
-    assert not ld.has_flag(out, "--disable-cuda-graph") and not ld.has_flag(out, "--kv-cache-dtype")
+    assert not ld.has_flag(out, "--cuda-graph-backend-decode") and not ld.has_flag(out, "--kv-cache-dtype")
+
+
+def test_a_users_cuda_graph_flag_is_kept():
+    out = ld.cuda_ess_defaults(["--cuda-graph-backend-decode", "full"])
+    assert ld.flag_value(out, "--cuda-graph-backend-decode") == "full"             # opted in: decode graphs
+    assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
+    for given in (["--disable-cuda-graph"], ["--cuda-graph-config", '{"decode": {"backend": "full"}}']):
+        assert not ld.has_flag(ld.cuda_ess_defaults(given), "--cuda-graph-backend-decode")
 
 
 def test_an_explicit_pool_larger_than_host_memory_stops_the_launch(monkeypatch):

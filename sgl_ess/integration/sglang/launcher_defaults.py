@@ -225,6 +225,9 @@ def cuda_ess_defaults(argv: list[str]) -> list[str]:
         for phase in ("decode", "prefill"):
             if not has_flag(out, f"--cuda-graph-backend-{phase}"):
                 out += [f"--cuda-graph-backend-{phase}", "disabled"]
+    if flag_value(out, "--cuda-graph-backend-decode") not in (None, "disabled") or has_flag(out, "--cuda-graph-config"):
+        logger.warning("ESS on CUDA with decode CUDA graphs: the ESS decode step has not been captured on a GPU yet; "
+                       "if capture or replay fails, drop the graph flag (the default disables them)")
     return out
 
 

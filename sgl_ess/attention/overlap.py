@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 
 from sgl_ess.attention.reference import merge_lse
+from sgl_ess.config import OVERLAP_LEVELS as LEVELS   # defined once, with the flag
 from sgl_ess.store.step_plan import StepPlan
 
-LEVELS = ("none", "da", "dba", "full")
 LAYER_MODES = ("none", "da", "dba")
 PROFILE_FORMAT = "sgl_ess.overlap_profile/1"
 

@@ -18,6 +18,8 @@ import socket
 from dataclasses import dataclass
 from typing import Optional
 
+from sgl_ess.core.hot_slots import hot_slots_rule
+
 DSA_PAGE_SIZE = 64  # SGLang's DSA pools use 64-token pages
 
 
@@ -84,16 +86,10 @@ def resolve_pool_tokens(ess_on: bool, memory_pool_size_gb: float, max_total_toke
 
 def hot_slots_per_request(hot_slots: int, max_gpu_buffer_size_gb: float, geo: ModelGeometry,
                           max_running_requests: int) -> tuple[int, str]:
-    """The hot-buffer slots each request gets per layer, as the store will derive them
-    (SGLang keeps one request row more than --max-running-requests: row 0 is padding)."""
-    if hot_slots:
-        return hot_slots, f"--ess-hot-slots-per-request {hot_slots}"
-    if max_gpu_buffer_size_gb:
-        rows = max_running_requests + 1
-        n = int(max_gpu_buffer_size_gb * 1e9) // (geo.layers * geo.latent_row_bytes * rows)
-        return n, (f"--ess-max-gpu-buffer-size-gb {max_gpu_buffer_size_gb:g} / ({rows} request rows x "
-                   f"{geo.layers} layers x {geo.latent_row_bytes} B)")
-    return 4 * (geo.index_topk or 0), "4 x index_topk"
+    """The hot-buffer slots each request gets per layer, by the store's own rule (core/hot_slots.py;
+    SGLang keeps one request row more than --max-running-requests: row 0 is padding)."""
+    return hot_slots_rule(hot_slots, max_gpu_buffer_size_gb, geo.layers, geo.latent_row_bytes, geo.index_topk or 0,
+                          max_running_requests + 1)
 
 
 def check_hot_slots(hot_slots: int, max_gpu_buffer_size_gb: float, geo: Optional[ModelGeometry],

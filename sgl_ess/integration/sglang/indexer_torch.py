@@ -23,9 +23,10 @@ import math
 
 import torch
 
+from sgl_ess.attention.latent_layout import FP8_MAX
+
 from .padding import real_rows
 
-FP8_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
 QUANT_BLOCK = 128
 SCALE_BYTES = 4

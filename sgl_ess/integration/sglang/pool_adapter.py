@@ -31,24 +31,20 @@ import torch
 
 from sgl_ess.attention.overlap import OverlapProfile, decode_layer, layer_mode, plan_layer, split_halves
 from sgl_ess.config import EssConfig
+from sgl_ess.core.hot_slots import hot_slots_rule
 
 logger = logging.getLogger(__name__)
 
 
 def derive_hot_slots(cfg: EssConfig, topk: int, layers: int, row_bytes: int, max_requests: int) -> int:
-    """Hot slots per request per layer from the ESS config; >= topk + 1."""
-    if cfg.hot_slots_per_request:
-        n = cfg.hot_slots_per_request
-        source = "ess_config.hot_slots_per_request"
-    elif cfg.max_gpu_buffer_size_gb:
-        n = int(cfg.max_gpu_buffer_size_gb * 1e9) // (layers * row_bytes * max_requests)
-        source = "ess_config.max_gpu_buffer_size_gb"
-    else:
-        return 4 * topk
+    """Hot slots per request per layer from the ESS config (core/hot_slots.py, the rule preflight
+    checked); >= topk + 1."""
+    n, source = hot_slots_rule(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb, layers, row_bytes, topk,
+                               max_requests)
     if n < topk + 1:
         raise ValueError(
             f"{source} gives {n} hot slots per request per layer; the model's index_topk={topk} needs "
-            f">= {topk + 1} (top-k plus the newest token). Raise {source} or lower --max-running-requests")
+            f">= {topk + 1} (top-k plus the newest token). Raise it or lower --max-running-requests")
     return n
 
 

@@ -2,7 +2,7 @@
 
   python -m bench flashmla --out PATH          (CUDA; the sgl-flash-mla wheel carried in .whl/)
 
-Builds FP8 656-byte rows (DeepSeek-V3.2 layout, sgl_ess.attention.latent_layout) in a slot
+Builds FP8 656-byte rows (DeepSeek-V3.2 layout, sgl_ess.kernels.latent_layout) in a slot
 space that is a multiple of 64 rows, a slot table [b, 2048] with -1 padding (what the store's
 resolver produces), and runs FlashMLA's `flash_mla_with_kvcache(..., indices=slot table,
 is_fp8_kvcache=True, kv_format="V32")` - the kernel SGLang's `flashmla_kv` decode calls. Compares
@@ -24,7 +24,7 @@ from bench.meta import write_result
 
 
 def _check(args) -> dict:
-    from sgl_ess.attention.latent_layout import LatentLayout
+    from sgl_ess.kernels.latent_layout import LatentLayout
     from sgl_ess.attention.reference import sparse_mla_decode
 
     try:

@@ -26,7 +26,7 @@ import torch
 from bench.meta import write_result
 from bench.workload_args import add_workload_args, apply_threads
 from bench.store_bench import trace
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.reference import sparse_mla_decode
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign

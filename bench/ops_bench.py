@@ -29,7 +29,7 @@ import time
 import torch
 
 from bench.meta import write_result
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.reference import sparse_mla_decode
 from sgl_ess.sim.config import ModelSpec
 from sgl_ess.sim.ops import OpCost, attention_ops, embed_op, ffn_ops, head_ops, mtp_input_ops, resolve_op

@@ -46,7 +46,7 @@ import time
 import torch
 
 from bench.meta import write_result
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.overlap import OverlapProfile, decode_layer, split_halves
 from sgl_ess.attention.reference import sparse_mla_decode
 from sgl_ess.store import LatentStore, RequestTable, StoreConfig

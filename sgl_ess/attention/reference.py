@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 
 
 def sparse_mla_decode(q: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,

@@ -1,7 +1,7 @@
 """Transparent huge pages: which mode the kernel is in, and what it means for the ESS host pool.
 
 Informational only: sgl-ess has measured no difference between the modes. What is known: the
-host pool is a memfd (sgl_ess/store/shared_memory.py), i.e. shmem, so its page size follows
+host pool is a memfd (sgl_ess/memory/shared_segment.py), i.e. shmem, so its page size follows
 `shmem_enabled`, not `enabled` (which governs private anonymous memory: malloc, torch's own
 pinned buffers). sgl-ess does not madvise(MADV_HUGEPAGE) the pool, so `advise` means 4 KiB pages.
 With 4 KiB pages a 200 GB pool is ~49 million pages: more page-table memory and a longer

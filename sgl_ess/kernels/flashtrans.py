@@ -45,7 +45,7 @@ def copy_rows_torch(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor,
     On the CPU the gathered rows pass through a temporary in the ordinary torch heap, not in a
     protected segment (not excluded from core dumps, not mlocked): making it protected would need
     a scratch segment per caller and thread; it is freed when the call returns. See
-    sgl_ess/store/protected_memory.py and launch/OPERATIONS.md "Protected host memory"."""
+    sgl_ess/memory/protection.py and launch/OPERATIONS.md "Protected host memory"."""
     keep = (src_idx >= 0) & (dst_idx >= 0)
     s = src_idx[keep].to(src.device)
     d = dst_idx[keep].to(dst.device)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_ess.attention.latent_layout import FP8_TILE, LatentLayout
+from sgl_ess.kernels.latent_layout import FP8_TILE, LatentLayout
 
 _KINDS = {"fp8_flashmla": 0, "bf16": 1, "fp32": 2}
 

@@ -10,17 +10,15 @@ Owned by the store (sgl_ess.store.LatentStore); engines only borrow them.
 mlocked them) as plain JSON types, so a worker process can `attach()` the same memory: nothing but
 this description and small control messages ever crosses a socket. An attached mapping is
 protected as the owner's is (excluded from core dumps; mlocked when the owner's is:
-sgl_ess.store.protected_memory).
+sgl_ess.memory.protection). The segments are sgl_ess.memory's, below the store and this room.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # imported in attach(): sgl_ess.store imports sgl_ess.prefetch (no import cycle)
-    from sgl_ess.store.shared_memory import SharedSegment
+from sgl_ess.memory.shared_segment import HOST_LABEL, SLOTS_LABEL, SharedSegment
 
 
 @dataclass
@@ -57,10 +55,6 @@ class StoreMemory:
 
     @classmethod
     def attach(cls, layout: dict) -> "StoreMemory":
-        from sgl_ess.store.host_pool import HOST_LABEL
-        from sgl_ess.store.shared_memory import SharedSegment
-        from sgl_ess.store.slot_space import SLOTS_LABEL
-
         h, s = layout["host"], layout["slots"]
         hseg = SharedSegment.attach(h["fd"], h["nbytes"], HOST_LABEL, lock=bool(h.get("lock")))
         sseg = SharedSegment.attach(s["fd"], s["nbytes"], SLOTS_LABEL, lock=bool(s.get("lock")))

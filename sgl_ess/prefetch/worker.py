@@ -123,7 +123,10 @@ class Worker:
 
     def close(self) -> None:
         self.plans.close(0)
-        self.events.close(0)
+        # the last messages (a start failure, an exit notice) may still be queued while the connect
+        # completes: a bounded linger delivers them instead of dropping them (at most EVENTS_LINGER_MS
+        # when nobody reads any more)
+        self.events.close(EVENTS_LINGER_MS)
         self.ctx.term()
         if self.ledger is not None:
             self.ledger.close()
@@ -230,6 +233,9 @@ def _set_parent_death_signal() -> None:
 
 def _log(inc: int, text: str) -> None:
     print(f"sgl-ess prefetch worker pid {os.getpid()} incarnation {inc}: {text}", file=sys.stderr, flush=True)
+
+
+EVENTS_LINGER_MS = 2000
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ With `pin=True` (CUDA machines) the segment is also page-locked in place with ch
 cudaHostRegister (sgl_ess.kernels.uva.register_host) so GPU kernels read and write it directly
 (zero-copy); no `pin_memory()` copy, whose caching allocator would round a 200 GB pool up to
 the next power of two. The segment is excluded from core dumps and sealed against resizing, and
-with `lock=True` (--ess-lock-host-memory) mlocked against swap (sgl_ess.store.protected_memory).
+with `lock=True` (--ess-lock-host-memory) mlocked against swap (sgl_ess.memory.protection).
 
 Token locations ("host locs", 0..capacity-1) are handed out by `alloc` and returned by
 `free`, which zeroes every layer's row first: rows hold user data and must not leak from one
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ess.store.shared_memory import SharedSegment
-
-HOST_LABEL = "sgl_ess_host"      # the memfd's name: /proc/PID/smaps shows "/memfd:sgl_ess_host (deleted)"
+from sgl_ess.memory.shared_segment import HOST_LABEL, SharedSegment
 
 
 class HostPoolFullError(RuntimeError):

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ess.store.shared_memory import SharedSegment
+from sgl_ess.memory.shared_segment import SLOTS_LABEL, SharedSegment
 
 PAGE_ROWS = 64
-SLOTS_LABEL = "sgl_ess_slots"    # the memfd's name: /proc/PID/smaps shows "/memfd:sgl_ess_slots (deleted)"
 
 
 class SlotSpace:

@@ -6,7 +6,7 @@ tests/unit/kernels/attention_bounds.py. Skipped without CUDA (tests/conftest.py)
 import pytest
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.reference import merge_lse, sparse_mla_decode
 from sgl_ess.core.lru_oracle import LruOracle
 from sgl_ess.store.hot_buffer import DeviceHotBuffer

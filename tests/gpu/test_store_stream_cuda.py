@@ -7,7 +7,7 @@ torch.cuda.set_sync_debug_mode('error'))."""
 import pytest
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.overlap import decode_layer, plan_layer
 from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
 from sgl_ess.store import LatentStore, RequestTable, StoreConfig

@@ -5,7 +5,7 @@ What this CPU can check: the per-tile fp32 scales (bytes 512..527) and the bf16 
 (528..655) are byte-identical. What it cannot: the fp8 code bytes. Triton 3.4's interpreter
 emulates the fp32 -> float8e4nv cast wrongly (it turns 124.29 into 64.0 where IEEE
 round-to-nearest-even - torch, and the GPU - gives 128.0), so its codes are not a reference;
-the unit test tests/unit/attention/test_latent_layout.py checks our codes against the writer's
+the unit test tests/unit/kernels/test_latent_layout.py checks our codes against the writer's
 formula (value * (1 / scale), clamp, round to nearest even), and bench/gpu_check.sh compares
 bytes with SGLang's kernel where SGLang's CUDA stack is installed."""
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = textwrap.dedent("""
     import torch
     from sglang.kernels.ops.quantization.dsa_quant_k_cache import quantize_k_cache_separate
-    from sgl_ess.attention.latent_layout import LatentLayout
+    from sgl_ess.kernels.latent_layout import LatentLayout
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(48, 576, generator=g) * torch.rand(48, 1, generator=g) * 20).to(torch.bfloat16)
     nope, rope = quantize_k_cache_separate(x[:, :512], x[:, 512:])

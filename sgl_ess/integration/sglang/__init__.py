@@ -15,7 +15,8 @@ Module map:
   host_pool_class.py       SGLang's DSA pool class built host-backed: its latent buffers ARE the ESS host rows
   cuda_backend.py          CUDA: SGLang's DSA backend through store_forward (FlashMLA / Triton kernels); run as GPU fakes only
   cuda_memory.py           CUDA: token-pool sizing without device latents; NOT YET RUN
-  speculative.py           EAGLE / NextN (MTP) draft backends with ESS, verify's query layout
+  speculative.py           EAGLE / NextN (MTP) draft backends with ESS
+  query_layout.py          where each forward mode's queries sit (verify, draft steps) and the backends' roles
   spec_cpu_kernels.py      torch versions of the sgl-kernel CPU ops SGLang's EAGLE path calls on CPU
   compat.py                launch-time refusal of flag combinations ESS does not serve (names the flag and why)
   runtime_config.py        ``POST /ess/overlap_level``: change the overlap level of a running server

@@ -32,7 +32,7 @@ import logging
 import torch
 
 from .padding import real_rows
-from .speculative import ROLE_TARGET
+from .query_layout import ROLE_TARGET
 from .store_forward import StoreForward
 
 logger = logging.getLogger(__name__)

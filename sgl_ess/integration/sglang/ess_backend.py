@@ -34,7 +34,7 @@ from sgl_ess.attention.reference import attend
 
 from .padding import real_rows
 from .pool_adapter import EssPoolAdapter
-from .speculative import ROLE_DRAFT_DECODE, ROLE_TARGET
+from .query_layout import ROLE_DRAFT_DECODE, ROLE_TARGET
 from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
 
 

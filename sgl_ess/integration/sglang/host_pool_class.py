@@ -6,7 +6,7 @@ SGLang consults for out-of-tree pool classes) when ESS is on. ``_create_buffers`
 parent would allocate ``[size + page, 1, kv_cache_dim]`` per layer on the device - allocates
 one ``HostLatentPool`` (an anonymous shared-memory segment, page-locked in place on CUDA) and
 makes each ``kv_buffer[layer]`` a view of its rows (excluded from core dumps, and mlocked with
-``--ess-lock-host-memory``: sgl_ess.store.protected_memory):
+``--ess-lock-host-memory``: sgl_ess.memory.protection):
   CPU   the host rows themselves
   CUDA  a zero-copy device view (UVA) of the registered host rows, so SGLang's own Triton
         writer (``set_mla_kv_buffer``) stores each new row straight into host memory

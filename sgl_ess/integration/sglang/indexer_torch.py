@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from sgl_ess.attention.latent_layout import FP8_MAX
+from sgl_ess.kernels.latent_layout import FP8_MAX
 
 from .padding import real_rows
 
@@ -102,9 +102,9 @@ class IndexKeyPages:
 
 def _per_request_spans(forward_batch):
     """Yield (request row i, first token index in the batch, #query tokens, kv length): the
-    query tokens of request i sit at positions kv_len - n_q .. kv_len - 1 (speculative.query_layout:
+    query tokens of request i sit at positions kv_len - n_q .. kv_len - 1 (query_layout.query_layout:
     decode, extend, mixed, TARGET_VERIFY, DRAFT_EXTEND_V2)."""
-    from .speculative import query_layout
+    from .query_layout import query_layout
 
     lay = query_layout(forward_batch)
     start = 0

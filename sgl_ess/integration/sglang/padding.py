@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .speculative import query_layout
+from .query_layout import query_layout
 
 _CACHE: dict[int, tuple[object, "RealRows"]] = {}
 _CACHE_SIZE = 8             # a step's batch, its TBO children and a draft's batches

@@ -219,7 +219,7 @@ class EssPoolAdapter:
 
     def latent_layout(self):
         """The rows' LatentLayout (for the Triton decode kernel and the torch reference)."""
-        from sgl_ess.attention.latent_layout import LatentLayout
+        from sgl_ess.kernels.latent_layout import LatentLayout
 
         r, p = self.kv_lora_rank, self.rope_dim
         fp8 = LatentLayout("fp8_flashmla", r, p) if r % 128 == 0 else None

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_ess.store import HostLatentPool
-from sgl_ess.store.shared_memory import SharedSegment
+from sgl_ess.memory.shared_segment import SharedSegment
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from .padding import real_rows
-from .speculative import ROLE_DRAFT_DECODE, QueryLayout, num_draft_tokens, query_layout
+from .query_layout import ROLE_DRAFT_DECODE, QueryLayout, num_draft_tokens, query_layout
 
 
 class AttentionKernels(Protocol):

@@ -1,6 +1,6 @@
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.reference import (attend, dense_topk_reference, merge_lse, sparse_mla_decode,
                                          split_sparse_mla_decode)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_ess.attention.latent_layout import FP8_TILE, LatentLayout
+from sgl_ess.kernels.latent_layout import FP8_TILE, LatentLayout
 
 R, ROPE = 128, 64
 

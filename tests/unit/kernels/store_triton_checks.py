@@ -4,7 +4,7 @@ space - in lockstep with the torch path (torch resolver, torch copies, torch ref
 on one decode trace with misses, ring overflow and DA. Run by test_store_triton_path.py."""
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.overlap import decode_layer, plan_layer
 from sgl_ess.attention.reference import sparse_mla_decode
 from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton

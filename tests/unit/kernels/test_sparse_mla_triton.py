@@ -5,7 +5,7 @@ error bounds of attention_bounds.py, computed from each case's data."""
 import pytest
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from tests.unit.kernels.interp_runner import run_checks
 
 pytest.importorskip("triton")

@@ -14,7 +14,7 @@ import torch
 from sgl_ess.prefetch.engine import InlineEngine
 from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.prefetch.plan import KINDS, TIERS, CopyPlan
-from sgl_ess.store.shared_memory import SharedSegment
+from sgl_ess.memory.shared_segment import SharedSegment
 
 L, T, B = 3, 4096, 32          # layers, host rows per layer, bytes per row
 S, RING_BASE = 2048, 1024      # slot rows; rows >= RING_BASE are staging-ring slots (tagged)

@@ -42,7 +42,7 @@ def test_out_of_range_locations_are_refused():
 
 
 def test_rows_live_in_a_shared_segment_another_mapping_sees():
-    from sgl_ess.store.shared_memory import SharedSegment
+    from sgl_ess.memory.shared_segment import SharedSegment
 
     pool = HostLatentPool(num_layers=2, capacity_tokens=3, row_bytes=4)
     other = SharedSegment.attach(pool.segment.fd, pool.segment.nbytes)   # what a worker process maps

@@ -4,7 +4,7 @@ ring tags; nothing leaks when requests finish."""
 import pytest
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.overlap import decode_layer, plan_layer
 from sgl_ess.attention.reference import dense_topk_reference, sparse_mla_decode
 from tests.unit.store.helpers import make_store

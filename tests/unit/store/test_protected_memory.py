@@ -14,8 +14,8 @@ import torch
 from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.serving.preflight import has_cap_ipc_lock, memlock_limit_bytes
 from sgl_ess.store import HostLatentPool
-from sgl_ess.store.protected_memory import SIZE_SEALS, ProtectedMemoryError
-from sgl_ess.store.shared_memory import SharedSegment
+from sgl_ess.memory.protection import SIZE_SEALS, ProtectedMemoryError
+from sgl_ess.memory.shared_segment import SharedSegment
 from sgl_ess.store.slot_space import SlotSpace
 from tests.unit.store.helpers import make_store
 from tests.unit.store.smaps import mapping_at
@@ -109,8 +109,8 @@ def test_a_store_refuses_an_unlocked_host_pool_when_asked_to_lock():
 
 _LOCK_CHILD = """
 import sys
-from sgl_ess.store.shared_memory import SharedSegment
-from sgl_ess.store.protected_memory import ProtectedMemoryError
+from sgl_ess.memory.shared_segment import SharedSegment
+from sgl_ess.memory.protection import ProtectedMemoryError
 try:
     SharedSegment(1 << 20, label="sgl_ess_test", lock=True)
 except ProtectedMemoryError as e:

@@ -8,7 +8,7 @@ import torch
 
 from sgl_ess.integration.sglang import shared_host_pool as shp
 from sgl_ess.store import HostLatentPool
-from sgl_ess.store.shared_memory import SharedSegment
+from sgl_ess.memory.shared_segment import SharedSegment
 
 
 def test_a_reader_waits_for_the_owners_rows_and_times_out_when_it_never_writes():

@@ -3,7 +3,7 @@ attention through the store equals the all-resident reference at every step, and
 is returned when requests finish or abort midway."""
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 from sgl_ess.attention.reference import dense_topk_reference, sparse_mla_decode
 from tests.unit.store.helpers import make_store
 

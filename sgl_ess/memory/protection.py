@@ -1,4 +1,4 @@
-"""Protected host memory: what every mapping of latent rows gets (sgl_ess.store.shared_memory).
+"""Protected host memory: what every mapping of latent rows gets (sgl_ess.memory.shared_segment).
 
 Latent rows are user data. Every mapping that holds them, in the scheduler and in the prefetch
 worker, is

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from sgl_ess.attention.latent_layout import LatentLayout
+from sgl_ess.kernels.latent_layout import LatentLayout
 
 
 def test_fp8_flashmla_row_is_656_bytes_for_v32():

@@ -10,7 +10,7 @@ call `SharedSegment.attach(fd, nbytes)` there. Tensors from `tensor()` alias the
 it alive; the file descriptor lives as long as this object (a restarted worker needs it again)
 and is closed when it goes, so a dropped store gives its memory back.
 
-Protection (sgl_ess.store.protected_memory): the memfd is sealed against growing and shrinking
+Protection (sgl_ess.memory.protection): the memfd is sealed against growing and shrinking
 right after `ftruncate` (F_SEAL_GROW|F_SEAL_SHRINK|F_SEAL_SEAL); `attach` refuses an fd of another
 size or without those seals; every mapping, the owner's and each attached one, is excluded from
 core dumps (MADV_DONTDUMP); with `lock=True` (--ess-lock-host-memory) it is also mlocked, in each
@@ -28,7 +28,12 @@ import warnings
 
 import torch
 
-from sgl_ess.store.protected_memory import check_sealed, exclude_from_dumps, lock_mapping, memfd_flags, seal_size
+from sgl_ess.memory.protection import check_sealed, exclude_from_dumps, lock_mapping, memfd_flags, seal_size
+
+# the memfds' names: /proc/PID/smaps shows "/memfd:sgl_ess_host (deleted)" (the host pool,
+# sgl_ess.store.host_pool) and "/memfd:sgl_ess_slots (deleted)" (the slot space, store/slot_space.py)
+HOST_LABEL = "sgl_ess_host"
+SLOTS_LABEL = "sgl_ess_slots"
 
 
 class SharedSegment:

@@ -13,7 +13,18 @@ release (SGLang's writer stores new rows through a zero-copy view on that stream
 `fence_host` makes later writes wait for the zeroing: no race between a memset and an
 in-flight write-back can leak one request's data into another's row.
 
-Memory: borrows the store's StoreMemory; owns one stream, one event per outstanding plan (at most
+Priorities: every copy between host rows, hot slots and rings runs on one high-priority side
+stream, in submission order (a warmup lands before the immediate fetch that may evict into its
+slots: they must not reorder). Zeroing released rows (every layer of them) runs on a second,
+low-priority stream: nothing reads a released row, so an immediate fetch no longer queues behind
+61 layers of memset; `fence_host` (the zero plans' tickets) is what orders later host writes
+after it. Rows and plans per tier are counted (`stats()`).
+
+Streams and events go through a runtime (stream_runtime.CudaStreams on a GPU); the CPU suite runs
+this class with a runtime whose streams complete work late and out of order and with the torch
+kernels (tests/unit/prefetch/test_stream_engine_gpu_fake.py).
+
+Memory: borrows the store's StoreMemory; owns two streams, one event per outstanding plan (at most
 MAX_EVENTS: `PlanEvents`), a one-row zero buffer, and per-tier row counters on the device (read
 only by `stats()`).
 """
@@ -27,6 +38,7 @@ from sgl_ess.kernels.flashtrans import copy_rows
 from sgl_ess.prefetch.engine import FetchEngine, Ticket
 from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.prefetch.plan import TIERS, CopyPlan
+from sgl_ess.prefetch.stream_runtime import CudaStreams
 
 MAX_EVENTS = 4096
 
@@ -83,16 +95,23 @@ class StreamEngine(FetchEngine):
     ordered_on_device = True
 
     def __init__(self, mem: StoreMemory, backend: str = "auto", device: torch.device | str | None = None,
-                 timing: bool = False):
+                 timing: bool = False, runtime=None, zero_backend: str = "triton"):
         super().__init__(mem, backend)
         self.timing = timing           # record timing events around each plan (benchmarks; stats() syncs)
         self._timed: dict[str, list] = {t: [] for t in TIERS}
-        if not torch.cuda.is_available():
-            raise RuntimeError("the stream engine needs CUDA; on CPU use --ess-prefetch-engine worker or inline")
         self.device = torch.device(device) if device is not None else mem.slots.device
-        if self.device.type != "cuda":
-            raise ValueError(f"StreamEngine: the slot space is on {self.device}, expected a CUDA device")
-        self.stream = torch.cuda.Stream(self.device)
+        if runtime is None:
+            if not torch.cuda.is_available():
+                raise RuntimeError("the stream engine needs CUDA; on CPU use --ess-prefetch-engine worker or inline")
+            if self.device.type != "cuda":
+                raise ValueError(f"StreamEngine: the slot space is on {self.device}, expected a CUDA device")
+            runtime = CudaStreams(self.device)
+        if timing and not getattr(runtime, "requires_cuda", False):
+            raise ValueError("StreamEngine: timing=True needs CUDA events")
+        self.rt = runtime
+        self.zero_backend = zero_backend
+        self.stream = runtime.stream("high")        # every copy, in submission order
+        self.zero_stream = runtime.stream("low")    # zeroing released rows: nothing reads them
         self.events = PlanEvents(self._join)
         self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
         self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
@@ -102,24 +121,26 @@ class StreamEngine(FetchEngine):
         if plan.tier == "speculative" and plan.deadline_s is not None and time.monotonic() > plan.deadline_s:
             self.tiers.dropped(plan.tier)
             return t
-        cur = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(cur)
-        with torch.cuda.stream(self.stream):
+        rt = self.rt
+        stream = self.zero_stream if plan.kind == "zero" else self.stream
+        rt.wait_stream(stream, rt.current())     # after every index and row the compute stream made
+
+        def work():
+            # the plan's index tensors: copied to the device on this stream (a no-op when the resolver
+            # made them there), read by the kernels queued after the copy
             src = plan.src_idx.to(self.device, non_blocking=True)
             dst = plan.dst_idx.to(self.device, non_blocking=True)
-            if self.timing:
-                t0 = torch.cuda.Event(enable_timing=True)
-                t0.record(self.stream)
             self._run(plan, src, dst)
-            if self.timing:
-                t1 = torch.cuda.Event(enable_timing=True)
-                t1.record(self.stream)
-                self._timed[plan.tier].append((t0, t1))
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        # the index tensors were made on the compute stream and are read on the side stream
-        src.record_stream(self.stream)
-        dst.record_stream(self.stream)
+            return src, dst
+
+        if self.timing:
+            t0 = rt.record_timed(stream)
+        used = rt.launch(stream, work)
+        if self.timing:
+            self._timed[plan.tier].append((t0, rt.record_timed(stream)))
+        ev = rt.record(stream)
+        for x in used or ():
+            rt.keep_alive(x, stream)              # made on the compute side, read on this stream
         self.events.add(plan.plan_id, ev)
         return t
 
@@ -128,7 +149,7 @@ class StreamEngine(FetchEngine):
         if plan.kind == "zero":
             zsrc = torch.where(dst >= 0, 0, -1)
             for layer in range(mem.host.shape[0]):
-                copy_rows(self.zero_row, zsrc, mem.host[layer], dst, "triton")
+                copy_rows(self.zero_row, zsrc, mem.host[layer], dst, self.zero_backend)
             self.rows[plan.tier] += (dst >= 0).sum()
             return
         if plan.kind == "h2s":
@@ -141,27 +162,30 @@ class StreamEngine(FetchEngine):
                 # zero the staged rows just read (static shapes, no host sync). Their tags may stay: on a
                 # device stream nothing re-checks ring tags, and a speculative staging is claimed once.
                 valid = (src >= 0) & (dst >= 0)
-                copy_rows(self.zero_row, torch.where(valid, 0, -1), mem.slots, torch.where(valid, src, -1), "triton")
+                copy_rows(self.zero_row, torch.where(valid, 0, -1), mem.slots, torch.where(valid, src, -1),
+                          self.zero_backend)
         self.rows[plan.tier] += ((src >= 0) & (dst >= 0)).sum()
 
-    def _join(self) -> torch.cuda.Event:
+    def _join(self):
         """Order every plan submitted so far before the compute stream's next work; an event after them."""
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        ev = torch.cuda.Event()
-        ev.record(self.stream)
-        return ev
+        cur = self.rt.current()
+        self.rt.wait_stream(cur, self.stream)
+        self.rt.wait_stream(cur, self.zero_stream)
+        return self.rt.record(cur)
 
     def wait(self, ticket: Ticket) -> None:
         ev = self.events.pop(ticket.plan_id)
         if ev is not None:
-            torch.cuda.current_stream(self.device).wait_event(ev)
+            self.rt.wait_event(self.rt.current(), ev)
 
     def done(self, ticket: Ticket) -> bool:
         return self.events.done(ticket.plan_id)
 
     def drain(self) -> None:
         """Order everything submitted so far before the current stream's next work (no host sync)."""
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        cur = self.rt.current()
+        self.rt.wait_stream(cur, self.stream)
+        self.rt.wait_stream(cur, self.zero_stream)
         self.events.clear()
 
     def stats(self) -> dict:

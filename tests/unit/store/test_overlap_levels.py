@@ -24,7 +24,15 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, specul
     g = torch.Generator().manual_seed(seed)
     store, table = make_store(layers=LAYERS, row_bytes=LAY.row_bytes, host_tokens=sum(CONTEXTS) + 8 * STEPS,
                               n=N, max_requests=8, k=K, max_context=1024, ring_slots=ring_slots,
-                              spec_slots=64 if speculative != "off" else 0, engine=engine, speculative=speculative)
+                              spec_slots=64 if speculative != "off" else 0,
+                              engine="inline" if engine == "stream_gpu_fake" else engine, speculative=speculative)
+    streams = None
+    if engine == "stream_gpu_fake":     # the CUDA StreamEngine, its streams late and out of order, torch kernels
+        from sgl_ess.prefetch.stream_engine import StreamEngine
+        from tests.stream_doubles import LateStreams
+
+        streams = LateStreams(seed)
+        store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=streams, zero_backend="torch")
     ids = [f"r{i}" for i in range(len(CONTEXTS))]
     full = {}
     for rid, ctx in zip(ids, CONTEXTS):
@@ -66,6 +74,8 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, specul
                     s_ring = s.ring_dst[s.ring_dst >= 0]
                     store.engine.drain()
                     store.slots.ring_tags[s_ring - store.slots.ring_base] = s.seq + 1000
+            if streams is not None:
+                streams.progress(3)            # some of the side streams' work finishes meanwhile
             out = decode_layer(store, mode, q, steps, _attend, on_event=lambda what, s: events.append(what))
             ref, _ = dense_topk_reference(q, [full[r][layer] for r in ids], topk, 32, SCALE)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -146,6 +156,17 @@ def test_speculative_staging_that_never_lands_is_not_read():
     """Speculative rows whose tags do not match (dropped or late) are ignored: still exact."""
     snap, _, _ = _run("da", speculative="next_layer", cross_layer=0.7, corrupt_spec=True)
     assert snap["prefetch"]["speculative"]["rows_used"] == 0
+
+
+@pytest.mark.parametrize("mode", ["none", "da", "dba"])
+@pytest.mark.parametrize("ring_slots", [0, 3])
+def test_gpu_fake_stream_engine_stays_exact(mode, ring_slots):
+    """GPU fake: the CUDA StreamEngine itself (stream_engine.py), its streams swapped for ones that
+    complete work late and out of order (tests/stream_doubles.py) and its kernels for torch. No ring
+    tag is checked on a device stream: only the engine's stream ordering makes this exact."""
+    snap, _, staged = _run(mode, ring_slots=ring_slots, engine="stream_gpu_fake", seed=2)
+    assert staged > 0 and snap["prefetch"]["engine"] == "stream"
+    assert sum(snap["refetch_rows"]) == 0
 
 
 @pytest.mark.parametrize("mode", ["none", "dba"])

@@ -1,6 +1,7 @@
 """Zeroing on release holds on every CPU fetch engine (issue 19): inline, the prefetch worker process,
 and the late out-of-order double (tests/engine_doubles.py: the stand-in for a device stream; the
-StreamEngine itself is checked on CUDA in tests/gpu/test_store_stream_cuda.py). After a request is
+StreamEngine itself: as a GPU fake in tests/unit/prefetch/test_stream_engine_gpu_fake.py, and on
+CUDA in tests/gpu/test_store_stream_cuda.py). After a request is
 released the way SGLang's pool releases it (close the hot buffer, a zero plan for its host rows,
 fence), every byte it owned reads zero: host rows in every layer, its hot slots, the staging rings
 and the speculative rows; the other request's rows are untouched."""

@@ -1,0 +1,128 @@
+"""GPU fake: a stand-in for CUDA streams and events (sgl_ess.prefetch.stream_runtime.CudaStreams)
+whose side streams complete work late and out of order, so the StreamEngine - the class that ships
+on a GPU - runs in the CPU suite with only its kernels (torch) and its streams swapped.
+
+  the compute stream   the host itself: what it is given runs at once (the test's reads and
+                       writes are eager torch on CPU, as SGLang's compute stream is to its kernels)
+  a side stream        a FIFO of kernels, event records and waits that runs nothing when given:
+                       an op runs only when something needs it - the compute stream waits for an
+                       event or a stream - or when `progress()` advances a randomly chosen stream
+                       by one op (other streams' work completing at any time, out of order)
+  events               done once the stream that recorded them reaches them; `query()` says so
+Within one stream ops keep their order (CUDA's guarantee); across streams only waits order them.
+A bug that relies on a stream having run - a read before the wait, a write racing a zeroing on
+another stream - then reads stale or wiped rows in a test instead of passing by luck.
+"""
+from __future__ import annotations
+
+import collections
+import random
+
+
+class FakeEvent:
+    def __init__(self):
+        self.finished = False
+
+    def query(self) -> bool:
+        return self.finished
+
+    def synchronize(self) -> None:
+        raise AssertionError("a host sync (Event.synchronize) in the stream engine's data path")
+
+
+class FakeStream:
+    def __init__(self, name: str):
+        self.name = name
+        self.ops: collections.deque = collections.deque()
+
+
+class LateStreams:
+    requires_cuda = False
+
+    def __init__(self, seed: int = 0):
+        self.compute = FakeStream("compute")
+        self.streams: list[FakeStream] = []
+        self.rng = random.Random(seed)
+        self.launched = collections.Counter()        # kernels given, per stream name
+        self.ran = collections.Counter()             # kernels run, per stream name
+
+    # --- the runtime API (stream_runtime.CudaStreams) --------------------------------------
+    def stream(self, priority: str) -> FakeStream:
+        s = FakeStream(f"{priority}{len(self.streams)}")
+        self.streams.append(s)
+        return s
+
+    def current(self) -> FakeStream:
+        return self.compute
+
+    def wait_stream(self, waiter: FakeStream, waitee: FakeStream) -> None:
+        if waitee is self.compute:
+            return                                   # the compute stream's work is done already
+        self.wait_event(waiter, self.record(waitee))
+
+    def record(self, stream: FakeStream) -> FakeEvent:
+        ev = FakeEvent()
+        if stream is self.compute:
+            ev.finished = True
+        else:
+            stream.ops.append(("record", ev))
+        return ev
+
+    def record_timed(self, stream):
+        raise AssertionError("timing events need CUDA")
+
+    def wait_event(self, stream: FakeStream, ev: FakeEvent) -> None:
+        if stream is self.compute:
+            self._run_until(ev)
+        elif not ev.finished:
+            stream.ops.append(("wait", ev))
+
+    def launch(self, stream: FakeStream, fn):
+        self.launched[stream.name] += 1
+        if stream is self.compute:
+            self.ran[stream.name] += 1
+            return fn()
+        stream.ops.append(("run", fn))
+        return None
+
+    def keep_alive(self, t, stream) -> None:
+        pass
+
+    # --- the double's own controls -----------------------------------------------------------
+    def pending(self, stream: FakeStream) -> int:
+        return sum(1 for op in stream.ops if op[0] == "run")
+
+    def progress(self, ops: int = 1) -> None:
+        """Advance randomly chosen side streams by up to `ops` ops (work finishing out of order)."""
+        for _ in range(ops):
+            ready = [s for s in self.streams if s.ops and not (s.ops[0][0] == "wait" and not s.ops[0][1].finished)]
+            if not ready:
+                return
+            self._step(self.rng.choice(ready))
+
+    def finish(self) -> None:
+        """Everything given so far runs (as a device synchronize would)."""
+        while any(s.ops for s in self.streams):
+            for s in self.streams:
+                while s.ops:
+                    self._step(s)
+
+    def _step(self, s: FakeStream) -> None:
+        kind, x = s.ops[0]
+        if kind == "wait" and not x.finished:
+            self._run_until(x)
+        s.ops.popleft()
+        if kind == "run":
+            self.ran[s.name] += 1
+            x()
+        elif kind == "record":
+            x.finished = True
+
+    def _run_until(self, ev: FakeEvent) -> None:
+        if ev.finished:
+            return
+        owner = next((s for s in self.streams if any(op[1] is ev for op in s.ops)), None)
+        if owner is None:
+            raise AssertionError("waiting on an event no stream will ever record")
+        while not ev.finished:
+            self._step(owner)

@@ -1,6 +1,8 @@
 """GPU fake (issue 16): the CUDA backend class that ships on a GPU (cuda_backend.py's subclass of
 SGLang's DSA backend), run on this CPU with FlashMLA swapped for a torch reference
-(tests/integration/_cuda_fake.py). Each test failed on the main of 2026-12-01:
+(tests/integration/_cuda_fake.py), and with the side-stream engine it ships with, its streams
+completing work late and out of order (tests/stream_doubles.py). Each test failed on the main of
+2026-12-01:
 
   * a prefill through it opened no hot buffer, so the first decode failed with "request index 1
     has no open hot buffer" -- and a reused request row kept the previous request's slot map and
@@ -18,6 +20,8 @@ import torch
 pytest.importorskip("sglang")
 
 from sgl_ess.integration.sglang.cuda_backend import backend_class  # noqa: E402
+from sgl_ess.prefetch.stream_engine import StreamEngine  # noqa: E402
+from tests.stream_doubles import LateStreams  # noqa: E402
 
 from . import _fake_runner as fr  # noqa: E402
 from ._cuda_fake import cuda_batch, cuda_layer, cuda_runner, install_gpu_fakes, reference  # noqa: E402
@@ -38,6 +42,10 @@ def gpu_fake(request, ess_env, monkeypatch):
         runner = cuda_runner(req_pool, alloc, LAYERS)
         backend = backend_class()(runner)
         assert backend.store is not None and backend.dsa_decode_impl == request.param
+        # the engine that ships with it on a GPU: the side-stream engine, its streams completing work
+        # late and out of order (tests/stream_doubles.py), torch kernels
+        store = backend.store.store
+        store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=LateStreams(), zero_backend="torch")
         yield backend, runner, stub
     ov.restore()
 
@@ -124,12 +132,10 @@ def test_gpu_fake_reused_request_row_never_reads_the_previous_requests_rows(gpu_
 
 def test_gpu_fake_prefill_writes_land_after_the_zeroing_of_released_rows(gpu_fake):
     """Defect 2: released rows are zeroed by a background plan; a new prefill writing the same
-    locations must be ordered after it (``fence_host``) on an engine that completes late."""
-    from tests.engine_doubles import LateOutOfOrderEngine
-
+    locations must be ordered after it (``fence_host``) on an engine that completes late (the
+    fixture's stream engine: the zeroing waits on its own stream until something orders it)."""
     backend, runner, _ = gpu_fake
     store = backend.store.store
-    store.engine = LateOutOfOrderEngine(store.memory)
     gen = torch.Generator().manual_seed(13)
     row, prompt = 1, 100
     fr.place_requests(runner.req_to_token_pool, [row], [prompt])

@@ -1,7 +1,7 @@
 """One entry point for the benchmarks: python -m bench SUITE [suite flags]
 
 suites:
-  store      resolver cost (list-based torch, sort-based torch, oracle) and warmup misses (bench/store_bench.py)
+  store      resolver cost (list-based torch, sort-based torch, oracle), warmup misses, device-path ops per layer-step (bench/store_bench.py)
   kernels    Triton resolver and sparse-MLA decode vs their torch paths (CUDA timings) (bench/kernels_bench.py)
   prefetch   exposed fetch time per overlap level and engine (CPU; --device cuda)     (bench/prefetch_bench.py)
              --predictors a,b,..: speculative predictors on top-k traces vs exact LRU (bench/predictor_bench.py)

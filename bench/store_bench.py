@@ -13,7 +13,11 @@ Prints and writes bench/results/store.json:
   2. misses per request per layer on the first decode step and in steady state on a synthetic
      locality trace (each step keeps `--repeat` of the previous step's top-k): without LRU
      warmup, with the W-step replay (the earlier warmup) and with today's closed form, and
-     each warmup's time (one call: a single timing, not a distribution).
+     each warmup's time (one call: a single timing, not a distribution);
+  3. ATen ops, an estimate of kernel launches and host reads per decode layer-step of the device
+     path (reserve + plan + land + commit through the side-stream engine, validate off), counted
+     with the torch profiler on CPU (bench/op_count.py; a count, not a timing; issue 16's goal:
+     <= 10 launches, no host read).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import time
 import torch
 
 from bench.meta import write_result
+from bench.op_count import count_plan_ops
 from bench.workload_args import add_workload_args, apply_threads
 from sgl_ess.core.lru_oracle import LruOracle
 from sgl_ess.kernels.resolver_numba import available as numba_available
@@ -220,6 +225,10 @@ def main(argv=None) -> int:
         print(f"  {label:22}{warm[m][0]:12.1f}{warm[m][1]:14.1f}{warm[m][2]:11.1f}")
     print(f"  warmup time replay / closed form = {warm['replay'][2] / warm['closed_form'][2]:.1f}x "
           "(one call each: a single timing)")
+    ops = count_plan_ops()
+    print(f"device path per decode layer-step ({ops['shape']}): {ops['ops']} ATen ops, ~{ops['launch_estimate_cuda']} "
+          f"kernel launches on CUDA (resolver as one Triton kernel per call), {ops['host_reads']} host reads "
+          "(goal: <= 10 launches, 0 host reads)", flush=True)
     path = write_result("store", {
         "config": vars(args), "torch_threads": torch.get_num_threads(),
         "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
@@ -230,6 +239,7 @@ def main(argv=None) -> int:
             "ratio_sort_baseline_over_order_list": ratio_sort, "ratio_oracle_over_order_list": ratio_oracle},
         "misses_per_request_layer": {m: {"first_step": warm[m][0], "steady": warm[m][1]} for m in WARM_MODES},
         "warmup_ms_per_layer": {m: warm[m][2] for m in WARM_MODES if m != "none"},
+        "device_path_ops_per_layer_step": ops,
     })
     print(f"wrote {path}")
     return 0

@@ -75,7 +75,8 @@ class EssPoolAdapter:
         mc = model_runner.model_config
         self.kv_dim = pool.kv_cache_dim               # 576 (bf16 rows) or 656 bytes (FP8 FlashMLA rows)
         self.kv_lora_rank, self.rope_dim = mc.kv_lora_rank, mc.qk_rope_head_dim
-        self.dtype = pool.store_dtype
+        self.dtype = pool.store_dtype                  # how the rows are stored (uint8 for FP8 rows)
+        self.kv_dtype = getattr(pool, "dtype", self.dtype)  # what SGLang's kernels are handed (float8_e4m3fn)
         self.row_bytes = host.row_bytes
         self.layers = pool.layer_num
         self.topk = mc.hf_config.index_topk
@@ -232,8 +233,10 @@ class EssPoolAdapter:
         return LatentLayout(kind, r, p)
 
     def as_kv_cache(self, slot_rows: torch.Tensor) -> torch.Tensor:
-        """[S, 1, kv_cache_dim] view of slot rows in the pool's dtype (SGLang kernels' kv_cache)."""
-        return slot_rows.view(self.dtype).view(-1, 1, self.kv_dim)
+        """[S, 1, kv_cache_dim] view of slot rows as SGLang's kernels get its own cache: in the pool's
+        logical dtype (an FP8 pool stores uint8 rows and hands FlashMLA float8_e4m3fn views, as
+        SGLang's MLA pool's get_key_buffer does)."""
+        return slot_rows.view(self.kv_dtype).view(-1, 1, self.kv_dim)
 
     # --- speculative decoding (EAGLE / NextN): sgl_ess/store/verify.py ----------------------
     def _committed_rows(self):

@@ -8,10 +8,10 @@ count, not a timing). The torch profiler records the ATen ops the Python code ca
 an op inside another op is not counted again).
 
   ops               top-level ATen ops per layer-step (all of them)
-  launch_estimate   the ops that are not pure metadata (views, reshapes, empty allocations) -
-                    an upper bound on the CUDA kernel launches: on CUDA the resolver is one
-                    Triton kernel and each FlashTrans copy one kernel, so `resolver_ops` are
-                    counted as 1 there
+  launch_estimate   the ops that are not pure metadata (views, reshapes, empty allocations): a
+                    rough figure, not a launch count - each FlashTrans copy counts as its torch
+                    path's ops (~7) where CUDA runs one kernel, and host-to-device index copies
+                    are no-ops on CPU; the resolver counts as one Triton kernel per call
   resolver_ops      of `ops`, those inside the resolver (the torch order-list path on CPU)
   host_reads        aten::item / aten::_local_scalar_dense (a device -> host read on CUDA; a
                     .tolist() or a .cpu() of a device tensor is not seen on CPU)

@@ -8,7 +8,7 @@ decode steps that use it can be captured in CUDA graphs (stream fork/join is cap
 
 Ordering replaces tags: the current stream cannot read a ring row before the event of the plan
 that fills it, so readers need not check ring tags (`ordered_on_device`). A host row is zeroed
-by a kernel on the same side stream, after every write the compute stream issued before the
+by a kernel on the zero stream, after every copy and every write the compute stream issued before the
 release (SGLang's writer stores new rows through a zero-copy view on that stream), and
 `fence_host` makes later writes wait for the zeroing: no race between a memset and an
 in-flight write-back can leak one request's data into another's row.
@@ -18,7 +18,9 @@ stream, in submission order (a warmup lands before the immediate fetch that may 
 slots: they must not reorder). Zeroing released rows (every layer of them) runs on a second,
 low-priority stream: nothing reads a released row, so an immediate fetch no longer queues behind
 61 layers of memset; `fence_host` (the zero plans' tickets) is what orders later host writes
-after it. Rows and plans per tier are counted (`stats()`).
+after it. Not yet gained on the serving path: the backends fence before each layer's KV write,
+and one zero plan covers every layer, so the first layer after a release still waits for the
+whole memset (a per-layer zero plan and fence would remove that). Rows and plans per tier are counted (`stats()`).
 
 Streams and events go through a runtime (stream_runtime.CudaStreams on a GPU); the CPU suite runs
 this class with a runtime whose streams complete work late and out of order and with the torch
@@ -115,6 +117,7 @@ class StreamEngine(FetchEngine):
         self.events = PlanEvents(self._join)
         self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
         self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
+        self.zero_rows = torch.zeros((), dtype=torch.int64, device=self.device)
 
     def submit(self, plan: CopyPlan) -> Ticket:
         t = self._assign_id(plan)
@@ -124,6 +127,8 @@ class StreamEngine(FetchEngine):
         rt = self.rt
         stream = self.zero_stream if plan.kind == "zero" else self.stream
         rt.wait_stream(stream, rt.current())     # after every index and row the compute stream made
+        if plan.kind == "zero":
+            rt.wait_stream(stream, self.stream)   # and after every copy submitted before it
 
         def work():
             # the plan's index tensors: copied to the device on this stream (a no-op when the resolver
@@ -150,7 +155,7 @@ class StreamEngine(FetchEngine):
             zsrc = torch.where(dst >= 0, 0, -1)
             for layer in range(mem.host.shape[0]):
                 copy_rows(self.zero_row, zsrc, mem.host[layer], dst, self.zero_backend)
-            self.rows[plan.tier] += (dst >= 0).sum()
+            self.zero_rows += (dst >= 0).sum()    # its own counter: the zero stream runs beside the copies
             return
         if plan.kind == "h2s":
             copy_rows(mem.host[plan.layer], src, mem.slots, dst, self.backend)
@@ -192,7 +197,7 @@ class StreamEngine(FetchEngine):
         s = super().stats()
         s["event_joins"] = self.events.joins
         for tier, n in self.rows.items():
-            s["tiers"][tier]["rows"] = int(n)       # a host read: metrics only
+            s["tiers"][tier]["rows"] = int(n) + (int(self.zero_rows) if tier == "background" else 0)  # metrics only
             timed = self._timed[tier]
             if timed:
                 timed[-1][1].synchronize()

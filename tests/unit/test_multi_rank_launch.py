@@ -91,6 +91,7 @@ def test_attn_dp_size_is_dp_attention():
     assert new == old and new["dp_attention"] and new["dp"] == 2
     assert pools_per_node(new, has_cuda=False) == 2 and pools_per_node(parallel_layout(["--tp", "2"]), False) == 1
     assert parallel_layout(["--tp=4", "--attn-dp-size=2"])["ranks_per_node"] == 4
+    assert parallel_layout(["--tp", "2", "--attention-data-parallel-size", "2"]) == new     # SGLang's long alias
     args = SimpleNamespace(tp_size=2, dp_size=1, pp_size=1, enable_dp_attention=False, nnodes=1, attn_dp_size=2)
     assert compat.parallel_refusals(args) == [] and compat.layout_of(args)[0].attention_tp == 1
     assert process_env.ranks_on_this_node(*(lambda lay: (lay.tp, lay.dp, lay.pp, lay.dp_attention, lay.nnodes))(

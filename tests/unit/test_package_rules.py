@@ -77,7 +77,7 @@ def _module_graph():
 
 def _room(module):
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 else None
+    return parts[1] if len(parts) >= 2 else None
 
 
 def test_the_data_path_stack_has_no_arrow_back_up():

@@ -79,11 +79,15 @@ def test_a_p90_target_settles_under_bursty_steps():
     # 24 clients, requests of 64..128 tokens; a step costs 2 + 4 b ms and 15% of steps are 1.4x
     # slower. The p90 target 47.6 ms = 1.4 x (2 + 4 x 8): 8 requests meet it. From 24 samples a p90
     # rests on 2.4 of them and flips with every slow step: the old controller moved the cap between
-    # 7 and 11, ~90 times. With the p90's own window and a bounded raise it stays within a quarter
-    # above the right cap, changing at most once per 10 requests.
+    # 7 and 11, ~85 times per 400 requests. With the p90's own window and a bounded raise it changes
+    # about a fifth as often (14-19 over seeds 0-9): at most once per 16 requests here.
     import random
 
-    rnd = random.Random(0)
+    for seed in range(4):
+        _bursty_p90(random.Random(seed))
+
+
+def _bursty_p90(rnd):
     c = SloBatchController(SloSettings(target_ms=1.4 * (2 + 4 * 8), max_cap=24, percentile=90))
     t, running, waiting, done, steady = 0.0, [], 24, 0, []
     while done < 400:
@@ -97,8 +101,8 @@ def test_a_p90_target_settles_under_bursty_steps():
         finished = sum(1 for left in running if left == 1)
         running = [left - 1 for left in running if left > 1]
         done, waiting = done + finished, waiting + finished
-    assert 8 <= min(steady) and max(steady) <= 10, sorted(set(steady))
-    assert c.changes <= 40, c.state()
+    assert 7 <= min(steady) and max(steady) <= 11, sorted(set(steady))
+    assert c.changes <= 25, c.state()
 
 
 def test_a_tail_target_lowers_the_cap_before_its_long_window_fills():
@@ -108,6 +112,7 @@ def test_a_tail_target_lowers_the_cap_before_its_long_window_fills():
     assert c.window == 240
     _run(c, lambda b: 5.0 * b, running_of_cap=32, steps=25)
     assert c.cap < 32 and c.changes == 1, c.state()
+    assert SloSettings(target_ms=50.0, max_cap=8, percentile=100).decision_window == 512   # no division by zero
 
 
 def test_no_wind_up_below_the_cap_and_the_floor_holds():

@@ -176,7 +176,8 @@ def parallel_layout(argv: list[str]) -> dict:
         given = [int_flag(argv, f) for f in flags]
         vals[key] = next((v for v in given if v is not None), 1)
     lay, _ = ParallelLayout.from_sglang(**vals, dp_attention=has_flag(argv, "--enable-dp-attention"),
-                                        attn_dp_size=int_flag(argv, "--attn-dp-size") or 1)
+                                        attn_dp_size=next((v for v in (int_flag(argv, f) for f in (
+                                            "--attn-dp-size", "--attention-data-parallel-size")) if v is not None), 1))
     return {"tp": lay.tp, "dp": lay.dp, "pp": lay.pp, "nnodes": lay.nnodes, "dp_attention": lay.dp_attention,
             "ranks_per_node": lay.ranks_per_node}
 

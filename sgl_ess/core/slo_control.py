@@ -28,7 +28,7 @@ running requests before it admits new ones (it never preempts a running request)
             samples above it, so its window holds as many of those as the median's does:
             window / 2 / (1 - p/100) samples (p90: 120, p95: 240), at most ``MAX_WINDOW``. With 24
             samples a p90 rests on 2.4 of them and flips with each slow step (a simulation with 15%
-            of steps 1.4x slower moved the cap between 7 and 11, ~90 changes per 400 requests; with
+            of steps 1.4x slower moved the cap between 7 and 11, ~85 changes per 400 requests; with
             120 samples and the bounded raise: 14-19 changes over 10 seeds, the cap within 7..11;
             tests/unit/test_slo_control.py). A long window is slow to react, so a
             window already ``window`` samples long lowers the cap at once when its median is over
@@ -124,11 +124,10 @@ class SloBatchController:
         self._since += 1
         if self._since < self.s.every or len(self.samples) < self.s.window:
             return
+        self._since = 0                        # a check every `every` samples, decided or not
         if len(self.samples) >= self.window:
-            self._since = 0
             self._decide(running, self.s.percentile)
         elif percentile(self.samples, 50, self.batches) > self.s.target_ms * (1 + self.s.hysteresis):
-            self._since = 0
             self._decide(running, 50)          # a partial tail window: its median is already over T
 
     def _decide(self, running: int, pct: float) -> None:

@@ -43,8 +43,6 @@ class LateStreams:
         self.compute = FakeStream("compute")
         self.streams: list[FakeStream] = []
         self.rng = random.Random(seed)
-        self.launched = collections.Counter()        # kernels given, per stream name
-        self.ran = collections.Counter()             # kernels run, per stream name
 
     # --- the runtime API (stream_runtime.CudaStreams) --------------------------------------
     def stream(self, priority: str) -> FakeStream:
@@ -78,9 +76,7 @@ class LateStreams:
             stream.ops.append(("wait", ev))
 
     def launch(self, stream: FakeStream, fn):
-        self.launched[stream.name] += 1
         if stream is self.compute:
-            self.ran[stream.name] += 1
             return fn()
         stream.ops.append(("run", fn))
         return None
@@ -113,7 +109,6 @@ class LateStreams:
             self._run_until(x)
         s.ops.popleft()
         if kind == "run":
-            self.ran[s.name] += 1
             x()
         elif kind == "record":
             x.finished = True

@@ -171,12 +171,16 @@ class StreamEngine(FetchEngine):
                           self.zero_backend)
         self.rows[plan.tier] += ((src >= 0) & (dst >= 0)).sum()
 
-    def _join(self):
-        """Order every plan submitted so far before the compute stream's next work; an event after them."""
+    def _order_all(self):
+        """The compute stream's next work waits for everything both side streams were given."""
         cur = self.rt.current()
         self.rt.wait_stream(cur, self.stream)
         self.rt.wait_stream(cur, self.zero_stream)
-        return self.rt.record(cur)
+        return cur
+
+    def _join(self):
+        """Order every plan submitted so far before the compute stream's next work; an event after them."""
+        return self.rt.record(self._order_all())
 
     def wait(self, ticket: Ticket) -> None:
         ev = self.events.pop(ticket.plan_id)
@@ -188,9 +192,7 @@ class StreamEngine(FetchEngine):
 
     def drain(self) -> None:
         """Order everything submitted so far before the current stream's next work (no host sync)."""
-        cur = self.rt.current()
-        self.rt.wait_stream(cur, self.stream)
-        self.rt.wait_stream(cur, self.zero_stream)
+        self._order_all()
         self.events.clear()
 
     def stats(self) -> dict:

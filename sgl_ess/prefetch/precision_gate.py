@@ -21,7 +21,7 @@ class PrecisionGate:
                              "in [0, 1] and window >= 1 (--ess-predictor-min-precision, --ess-predictor-window)")
         self.min_precision, self.window = min_precision, window
         self.live = True
-        self._outcomes: deque[tuple[int, int]] = deque(maxlen=window)
+        self._outcomes: deque[tuple[int, int, int]] = deque()    # (staged, used, plans), the last `window` plans
         self.fallbacks = 0            # live -> LRU switches
         self.resumes = 0              # LRU -> live switches
         self.plans_live = 0
@@ -30,21 +30,29 @@ class PrecisionGate:
         self.rows_shadow_used = 0
 
     def precision(self) -> float | None:
-        staged = sum(s for s, _ in self._outcomes)
-        return sum(u for _, u in self._outcomes) / staged if staged else None
+        staged = sum(s for s, _, _ in self._outcomes)
+        return sum(u for _, u, _ in self._outcomes) / staged if staged else None
 
     def record(self, staged_rows: int, used_rows: int, shadow: bool) -> None:
         """One claimed prediction. An outcome of the other mode (made before a switch) is ignored."""
-        if shadow == self.live:
+        self.record_window(staged_rows, used_rows, 1, shadow)
+
+    def record_window(self, staged_rows: int, used_rows: int, plans: int, shadow: bool) -> None:
+        """`plans` claimed predictions at once, their rows summed: a stager that reads its device
+        counts a window late (host_feed.HostFeed) reports them this way."""
+        if shadow == self.live or plans < 1:
             return
         if shadow:
-            self.plans_shadow += 1
+            self.plans_shadow += plans
             self.rows_shadow += staged_rows
             self.rows_shadow_used += used_rows
         else:
-            self.plans_live += 1
-        self._outcomes.append((staged_rows, used_rows))
-        if len(self._outcomes) < self.window:
+            self.plans_live += plans
+        self._outcomes.append((staged_rows, used_rows, plans))
+        n = sum(p for _, _, p in self._outcomes)
+        while n - self._outcomes[0][2] >= self.window:
+            n -= self._outcomes.popleft()[2]
+        if n < self.window:
             return
         p = self.precision()
         if p is None:

@@ -20,6 +20,8 @@ measures it per step.
   last_step   l + 1 (wraps)     that layer's previous selection (temporal)       last_step.py
   score_ema   l + 1 (wraps)     top positions by an EMA of selection frequency   score_ema.py
   lstm        l + 1 (wraps)     a small LSTM's P(selected next) per position     lstm_predictor.py
+On CUDA (the side-stream engine) a predictor with `host_inputs` learns from each plan's top-k a
+little after the plan ran (an asynchronous copy, never a sync); next_layer reads the device top-k.
 "wraps": after the last layer the target is layer 0 of the next step. Temporal predictors predict a
 layer's next selection just before that layer runs, so they need only the two speculative regions
 (layer parities) the slot space already has.
@@ -44,6 +46,9 @@ class PredictorContext:
 
 class Predictor:
     name = "abstract"
+    # reads its inputs on the host (numpy): on a device-ordered engine (CUDA) the stager hands it
+    # each plan's top-k once an asynchronous copy has landed (store/host_feed.py), never by a sync
+    host_inputs = True
 
     def __init__(self, ctx: PredictorContext | None = None):
         self.ctx = ctx
@@ -65,6 +70,7 @@ class NextLayerPredictor(Predictor):
     """Layer l+1 selects what layer l selected (cross-layer similarity of DSA's top-k). Stateless."""
 
     name = "next_layer"
+    host_inputs = False       # returns the device top-k as it is
 
     def predict(self, layer, num_layers, reqs, seq_lens, topk):
         if layer + 1 >= num_layers:

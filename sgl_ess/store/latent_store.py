@@ -109,9 +109,6 @@ class LatentStore:
                                   ring_base=self.slots.ring_base, host_segment=self.host.segment,
                                   slot_segment=self.slots.segment)
         self.engine: FetchEngine = self._make_engine(engine)
-        if self.engine.ordered_on_device and speculative != "off":
-            raise ValueError("speculative prefetch needs host-side bookkeeping that would sync the device every "
-                             "layer; it is available with the worker and inline engines (CPU) only")
         spec_options = spec_options or SpeculativeOptions()
         if speculative != "off" and cfg.spec_slots <= 0:
             raise ValueError(f"speculative prefetch {speculative!r} needs speculative rows: set spec_slots > 0 "
@@ -324,7 +321,11 @@ class LatentStore:
         dst, to_ring = miss_destinations(fetch, hot_abs, self.slots.ring_row(group, 0), self.slots.ring_slots)
         if spec is not None:                       # staged speculatively and landed: read in place
             dst = torch.where(spec >= 0, spec, dst)
-        read, staged = read_locations(a.slots, hot_abs, a.miss, dst, fetch, n)
+        # a device stream orders a speculative staging only before later plans' waits: claimed rows
+        # are read after this plan's wait there (with the fetched ones); a host engine's landed
+        # staging (its tag checked in claim) is read at once
+        waits = a.miss if spec is not None and self.engine.ordered_on_device else fetch
+        read, staged = read_locations(a.slots, hot_abs, a.miss, dst, waits, n)
         # per entry [b*k], -1 where it does not apply (static shapes: no compaction, no host sync)
         miss_f, fetch_f = a.miss.reshape(-1), fetch.reshape(-1)
         dst_f = dst.reshape(-1)
@@ -379,7 +380,7 @@ class LatentStore:
         ticket = self._submit(plan)
         self._group_fence[self._ring_group(step.layer, step.micro_batch)] = ticket
         if self.spec is not None:
-            self.spec.note_commit(step.layer, ticket)
+            self.spec.note_commit(step.layer, ticket, step.micro_batch)
         step.committed = True
 
     def resolve(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,

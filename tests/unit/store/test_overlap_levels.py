@@ -20,7 +20,7 @@ def _attend(q, rows, slots):
 
 
 def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, speculative="off", cross_layer=0.0,
-         corrupt_spec=False):
+         corrupt_spec=False, progress=3):
     g = torch.Generator().manual_seed(seed)
     store, table = make_store(layers=LAYERS, row_bytes=LAY.row_bytes, host_tokens=sum(CONTEXTS) + 8 * STEPS,
                               n=N, max_requests=8, k=K, max_context=1024, ring_slots=ring_slots,
@@ -75,7 +75,7 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, specul
                     store.engine.drain()
                     store.slots.ring_tags[s_ring - store.slots.ring_base] = s.seq + 1000
             if streams is not None:
-                streams.progress(3)            # some of the side streams' work finishes meanwhile
+                streams.progress(progress)     # some of the side streams' work finishes meanwhile
             out = decode_layer(store, mode, q, steps, _attend, on_event=lambda what, s: events.append(what))
             ref, _ = dense_topk_reference(q, [full[r][layer] for r in ids], topk, 32, SCALE)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -167,6 +167,26 @@ def test_gpu_fake_stream_engine_stays_exact(mode, ring_slots):
     snap, _, staged = _run(mode, ring_slots=ring_slots, engine="stream_gpu_fake", seed=2)
     assert staged > 0 and snap["prefetch"]["engine"] == "stream"
     assert sum(snap["refetch_rows"]) == 0
+
+
+@pytest.mark.parametrize("mode", ["none", "da", "dba"])
+@pytest.mark.parametrize("predictor", ["next_layer", "last_step", "score_ema"])
+def test_gpu_fake_speculative_tier_stays_exact(mode, predictor):
+    """GPU fake (issue 19, predictors on CUDA): the speculative tier on the side-stream engine,
+    its streams late and out of order. Claimed rows are read after the plan's wait (a staging is
+    queued before it on the same stream), no ring tag is read, and a host predictor learns from
+    each plan's top-k through an asynchronous copy (store/host_feed.py). The side streams make no
+    progress of their own: only the waits order their work."""
+    snap, _, _ = _run(mode, engine="stream_gpu_fake", seed=2, speculative=predictor, cross_layer=0.7, progress=0)
+    spec = snap["prefetch"]["speculative"]
+    assert snap["prefetch"]["engine"] == "stream" and spec["predict_calls"] > 0
+    assert sum(snap["refetch_rows"]) == 0
+    if predictor == "next_layer":                 # the device top-k itself, no host copy
+        assert spec["rows_used"] > 0 and "lagged_inputs" not in spec
+    else:
+        assert spec["lagged_inputs"]["predicted"] > 0
+    if predictor == "score_ema":
+        assert spec["rows_staged"] > 0
 
 
 @pytest.mark.parametrize("mode", ["none", "dba"])

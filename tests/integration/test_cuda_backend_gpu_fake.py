@@ -33,15 +33,24 @@ BF16_ULP = 2.0 ** -8                 # relative spacing of bfloat16 (8 significa
 
 @pytest.fixture(params=["flashmla_kv", "flashmla_sparse"])
 def gpu_fake(request, ess_env, monkeypatch):
+    yield from _gpu_fake(request.param, ess_env, monkeypatch)
+
+
+@pytest.fixture
+def gpu_fake_speculative(ess_env, monkeypatch):
+    yield from _gpu_fake("flashmla_sparse", ess_env, monkeypatch, speculative_prefetch="next_layer", spec_slots=64)
+
+
+def _gpu_fake(decode_impl, ess_env, monkeypatch, **cfg):
     from sglang.srt.runtime_context import get_parallel
 
-    ess_env(hot_slots_per_request=24)
-    stub, ov = install_gpu_fakes(monkeypatch, decode_impl=request.param)
+    ess_env(hot_slots_per_request=24, **cfg)
+    stub, ov = install_gpu_fakes(monkeypatch, decode_impl=decode_impl)
     with get_parallel().override(attn_dcp_rank=0):
         req_pool, alloc = fr.shared_pools()
         runner = cuda_runner(req_pool, alloc, LAYERS)
         backend = backend_class()(runner)
-        assert backend.store is not None and backend.dsa_decode_impl == request.param
+        assert backend.store is not None and backend.dsa_decode_impl == decode_impl
         # the engine that ships with it on a GPU: the side-stream engine, its streams completing work
         # late and out of order (tests/stream_doubles.py), torch kernels
         store = backend.store.store
@@ -72,14 +81,16 @@ def _prefill(backend, runner, rows, prompts, gen):
     return errs
 
 
-def _decode(backend, runner, rows, seq, gen):
+def _decode(backend, runner, rows, seq, gen, same_topk=False):
+    """One decode step through every layer; `same_topk`: every layer selects the same rows."""
     r2t = runner.req_to_token_pool.req_to_token
     loc = torch.stack([r2t[r, s - 1] for r, s in zip(rows, seq)]).long()
     fb = cuda_batch("DECODE", rows, seq, loc)
     backend.init_forward_metadata(fb)
     errs = []
+    shared = fr.causal_topk(gen, [s - 1 for s in seq])
     for li in range(LAYERS):
-        topk = fr.causal_topk(gen, [s - 1 for s in seq])
+        topk = shared if same_topk else fr.causal_topk(gen, [s - 1 for s in seq])
         q = fr.query(gen, len(rows))
         out = backend.forward_decode(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
         want = reference(runner, li, q, torch.tensor(rows), topk)
@@ -179,3 +190,23 @@ def test_gpu_fake_tbo_child_plans_in_its_own_ring_groups(gpu_fake, monkeypatch):
     topk = fr.causal_topk(torch.Generator().manual_seed(1), [99])
     cuda_backend._around_indexer_forward_cuda(lambda *a, **k: topk, None, None, None, None, fb, 0)
     assert seen == [2], f"the TBO child's plan went to micro-batch base {seen}"
+
+
+def test_gpu_fake_speculative_prefetch_is_used_and_stays_exact(gpu_fake_speculative):
+    """Issue 19 (predictors on CUDA): the CUDA backend with --ess-speculative-prefetch next_layer on
+    the side-stream engine (late, out of order). Every layer selects the same rows, so layer 1's
+    misses were staged after layer 0's plan: they are read from the speculative rows, after the
+    plan's wait, and attention equals the reference."""
+    backend, runner, _ = gpu_fake_speculative
+    store = backend.store.store
+    assert store.spec is not None and store.engine.ordered_on_device
+    gen = torch.Generator().manual_seed(14)
+    rows, prompts = [1, 2], [300, 260]
+    fr.place_requests(runner.req_to_token_pool, rows, [p + 4 for p in prompts])
+    _write(runner, rows, [p + 4 for p in prompts], gen)
+    _prefill(backend, runner, rows, prompts, gen)
+    for step in range(4):
+        for err, bound in _decode(backend, runner, rows, [p + 1 + step for p in prompts], gen, same_topk=True):
+            assert err <= bound, f"decode step {step}: {err:.3g} from the reference (bound {bound:.3g})"
+    spec = store.usage()["prefetch"]["speculative"]
+    assert spec["rows_staged"] > 0 and spec["rows_used"] > 0, spec

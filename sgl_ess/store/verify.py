@@ -145,11 +145,15 @@ def plan_union(store, layer: int, reqs: torch.Tensor, committed: torch.Tensor, t
 
 def gather_rows(store, plan: UnionPlan, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The bytes every entry of a landed `plan` reads: uint8 [b*n, k, row_bytes] (hot slots and
-    ring rows from the slot space, window and overflow entries from the host pool) and valid bool
+    ring rows from the slot space, window and overflow entries from the host pool - on CUDA its
+    zero-copy view, an explicit choice the adapter counts: spec_window / spec_overflow_entries)
+    and valid bool
     [b*n, k]. Call after `store.land(plan.step)`."""
     from_host = plan.host_locs >= 0
     slot = store.slot_rows[plan.read_slots.long().clamp(min=0)]
-    host = store.host.rows[layer][plan.host_locs.clamp(min=0).to(store.host.rows.device)].to(slot.device)
+    # on CUDA through the pinned pool's zero-copy view: only these entries cross PCIe, no host sync
+    rows = store.host.rows_for(slot.device)[layer]
+    host = rows[plan.host_locs.clamp(min=0).to(rows.device)].to(slot.device)
     return torch.where(from_host.unsqueeze(-1), host, slot), (plan.read_slots >= 0) | from_host
 
 

@@ -133,3 +133,46 @@ def test_a_released_request_leaves_no_row_behind_on_the_stream_engine():
     assert int(store.host.rows[:, a_locs.cpu()].count_nonzero()) == 0
     assert int(store.host.rows[:, tab.host_locs("b").cpu()].count_nonzero()) > 0
     store.shutdown()
+
+
+@pytest.mark.parametrize("predictor", ["next_layer", "score_ema"])
+def test_speculative_tier_does_not_sync_the_host(predictor):
+    """Issue 19: the speculative tier on the side-stream engine (tested on CPU as GPU fakes in
+    tests/unit/store/test_speculative_gpu_fake.py) - planning, staging and claiming across layers
+    run under the sync debugger."""
+    cfg = StoreConfig(num_layers=LAYERS, row_bytes=LAY.row_bytes, host_capacity_tokens=sum(CONTEXTS) + 64,
+                      hot_slots_per_request=N, max_requests=8, topk=K, max_context_tokens=8192,
+                      device="cuda", ring_slots=300, spec_slots=512)
+    store = LatentStore(cfg, engine="auto", speculative=predictor)
+    tab = RequestTable(store)
+    tab.add("a", 3000)
+    reqs, lens = tab.indices(["a"]), tab.seq_lens(["a"])
+    topk = torch.randperm(3000)[:K].reshape(1, K).cuda()
+
+    def step():
+        for layer in range(LAYERS):
+            for s in plan_layer(store, "da", layer, reqs, lens, topk, tab.req_to_host, validate=False):
+                store.land(s)
+                store.commit(s)
+
+    step()                                  # warm (allocations, first predictions)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert store.spec.predict_calls > 0
+    store.shutdown()
+
+
+def test_host_rows_zero_copy_view_gathers_on_the_device():
+    """MTP verify reads its window rows through the pinned pool's zero-copy view (store/verify.py)."""
+    store, _ = _store()
+    rows = store.host.rows
+    rows[1, :100] = torch.randint(0, 256, (100, rows.shape[2]), dtype=torch.uint8)
+    view = store.host.rows_for(torch.device("cuda"))
+    idx = torch.tensor([5, 0, 99, 42], device="cuda")
+    assert view.is_cuda and torch.equal(view[1][idx].cpu(), rows[1][idx.cpu()])
+    store.shutdown()

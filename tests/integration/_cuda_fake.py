@@ -7,6 +7,7 @@ Swapped (and nothing else):
   * FlashMLA (``sglang.kernels.ops.attention.flash_mla_interface``: ``get_mla_metadata``,
     ``flash_mla_with_kvcache``, ``flash_mla_sparse_fwd``) -> ``ref_sparse_mla`` (torch, fp32);
   * ``dsa_backend.quantize_k_cache`` -> identity (the fake pool holds BF16 rows, not FP8);
+  * ``dsa_backend.seqlens_expand_triton`` (MTP metadata) -> ``ref_seqlens_expand`` (torch);
   * ``torch.cuda.get_device_capability`` -> (9, 0) (an H200), and the top-k v2 planner off
     (``SGLANG_OPT_USE_TOPK_V2=0``: it JIT-compiles CUDA).
 The runner is tests/integration/_fake_runner.py's, plus the attributes SGLang's DSA backend reads.
@@ -38,6 +39,17 @@ def ref_sparse_mla(q, kv_rows, idx, scale, dv, topk_length=None):
     return torch.einsum("shk,skd->shd", p, rows[..., :dv]), lse
 
 
+def ref_seqlens_expand(extend_seq_lens, seq_lens, total_len, max_q_len):
+    """SGLang's seqlens_expand_triton (kernels/ops/attention/pad.py) in torch: per request of
+    qo_len query tokens over kv_len keys, the causal key count of each query token,
+    max(kv_len - qo_len + 1 + j, 0) for j < qo_len, concatenated (int32 [total_len])."""
+    out = [torch.clamp(torch.arange(int(q), dtype=torch.int32) + int(kv) - int(q) + 1, min=0)
+           for q, kv in zip(extend_seq_lens.tolist(), seq_lens.tolist())]
+    res = torch.cat(out) if out else torch.zeros(0, dtype=torch.int32)
+    assert res.numel() == total_len
+    return res
+
+
 def flash_mla_stub() -> types.ModuleType:
     m = types.ModuleType(FLASH_MLA_MODULE)
     m.calls = []
@@ -64,18 +76,22 @@ def flash_mla_stub() -> types.ModuleType:
     return m
 
 
-def install_gpu_fakes(monkeypatch, decode_impl: str = "flashmla_kv", prefill_impl: str = "flashmla_sparse"):
-    """Swap the device kernels and publish the server args SGLang's DSA backend reads. Returns the
-    FlashMLA stub (its ``calls`` list says which kernels ran)."""
+def install_gpu_fakes(monkeypatch, decode_impl: str = "flashmla_kv", prefill_impl: str = "flashmla_sparse",
+                      **server_args):
+    """Swap the device kernels and publish the server args SGLang's DSA backend reads (plus
+    `server_args`, e.g. the speculative ones). Returns the FlashMLA stub (its ``calls`` list says
+    which kernels ran)."""
     from sglang.srt.layers.attention import dsa_backend as mod
     from sglang.srt.runtime_context import get_context
 
     stub = flash_mla_stub()
     monkeypatch.setitem(sys.modules, FLASH_MLA_MODULE, stub)
     monkeypatch.setattr(mod, "quantize_k_cache", lambda kv, dv=None: kv)
+    monkeypatch.setattr(mod, "seqlens_expand_triton", ref_seqlens_expand)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     monkeypatch.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
-    ov = get_context().override_server_args(dsa_decode_backend=decode_impl, dsa_prefill_backend=prefill_impl)
+    ov = get_context().override_server_args(dsa_decode_backend=decode_impl, dsa_prefill_backend=prefill_impl,
+                                            **server_args)
     ov.install()
     return stub, ov
 

@@ -14,6 +14,8 @@ Outputs are compared with a dense torch reference over the true rows; the bound 
 rounding of the output (the stub computes in fp32 and rounds once to the cache dtype).
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -210,3 +212,140 @@ def test_gpu_fake_speculative_prefetch_is_used_and_stays_exact(gpu_fake_speculat
             assert err <= bound, f"decode step {step}: {err:.3g} from the reference (bound {bound:.3g})"
     spec = store.usage()["prefetch"]["speculative"]
     assert spec["rows_staged"] > 0 and spec["rows_used"] > 0, spec
+
+
+NDRAFT = 4
+
+
+@pytest.fixture(params=[48, 12])      # the window's union fits / overflows the hot buffer
+def gpu_fake_mtp(request, ess_env, monkeypatch):
+    """EAGLE's target and draft runners (shared request map and allocator, own latent pools), every
+    backend the class SGLang builds on a GPU: the target's, the draft's prefill / DRAFT_EXTEND_V2
+    one (no steps) and the multi-step container's per-step ones (as DeepseekSparseAttnMultiStepBackend
+    constructs them), each store on the side-stream engine with late, out-of-order streams."""
+    from sglang.srt.runtime_context import get_parallel
+
+    ess_env(hot_slots_per_request=request.param)
+    stub, ov = install_gpu_fakes(monkeypatch, decode_impl="flashmla_sparse", speculative_num_draft_tokens=NDRAFT,
+                                 speculative_eagle_topk=1, speculative_num_steps=3)
+    with get_parallel().override(attn_dcp_rank=0):
+        req_pool, alloc = fr.shared_pools()
+        target, draft = cuda_runner(req_pool, alloc, LAYERS), cuda_runner(req_pool, alloc, 1)
+        draft.is_draft_worker = True
+        cls = backend_class()
+        bt, bd = cls(target), cls(draft, skip_prefill=False)
+        steps = [cls(draft, speculative_step_id=i, topk=1, speculative_num_steps=3) for i in range(2)]
+        for adapter in {id(b.store): b.store for b in (bt, bd)}.values():
+            s = adapter.store
+            s.engine = StreamEngine(s.memory, "torch", device="cpu", runtime=LateStreams(), zero_backend="torch")
+        yield request.param, target, draft, bt, bd, steps
+    ov.restore()
+
+
+def test_gpu_fake_mtp_verify_draft_extend_and_draft_decode_read_the_right_rows(gpu_fake_mtp):
+    """Issue 16, defects 3 and 4: on CUDA MTP was refused (its forwards went around the store: draft
+    rows written into committed positions, verify over the host pool). Now every forward of an EAGLE
+    iteration runs through the store on the CUDA class and equals the dense reference over the true
+    rows; the draft steps never admit their own speculative rows."""
+    from sgl_ess.integration.sglang.query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET
+
+    hot, target, draft, bt, bd, steps = gpu_fake_mtp
+    assert (bt.spec_role, bd.spec_role) == (ROLE_TARGET, ROLE_DRAFT_EXTEND)
+    assert [s.spec_role for s in steps] == [ROLE_DRAFT_DECODE] * 2 and [s.speculative_step_id for s in steps] == [0, 1]
+    assert bt.store is not bd.store and all(s.store is bd.store for s in steps)
+    gen = torch.Generator().manual_seed(21)
+    rows, prompts = [1, 2, 3], [150, 90, 200]
+    req_pool = target.req_to_token_pool
+    fr.place_requests(req_pool, rows, [p + 64 for p in prompts])
+    _write(target, rows, [p + 64 for p in prompts], gen)
+    for r, p in zip(rows, prompts):
+        fr.write_rows(draft, 0, req_pool.req_to_token[r, :p + 64], gen)
+    _prefill(bt, target, rows, prompts, gen)
+    _prefill_draft(bd, draft, rows, prompts, gen)
+    r2t = req_pool.req_to_token
+    committed = list(prompts)
+    accept = [[1, 4, 2], [4, 1, 3], [2, 3, 1]]
+    check = _checker()
+    for it in range(3):
+        for i, step in enumerate(steps):          # draft decode: writes its row at L + i, reads < L
+            loc = torch.stack([r2t[r, c + i] for r, c in zip(rows, committed)]).long()
+            fr.write_rows(draft, 0, loc, gen)
+            fb = _spec_batch("DECODE", rows, committed, loc)
+            step.init_forward_metadata(fb)
+            q, topk = fr.query(gen, len(rows)), fr.causal_topk(gen, [c - 1 for c in committed])
+            out = step.forward_decode(q, None, None, cuda_layer(0), fb, save_kv_cache=False, topk_indices=topk)
+            check(out, reference(draft, 0, q, torch.tensor(rows), topk), f"iteration {it}: draft step {i}")
+        win = torch.cat([r2t[r, c:c + NDRAFT] for r, c in zip(rows, committed)]).long()
+        qpos = [c + j for c in committed for j in range(NDRAFT)]
+        tok_req = torch.repeat_interleave(torch.tensor(rows), NDRAFT)
+        fb = _spec_batch("TARGET_VERIFY", rows, committed, win)
+        bt.init_forward_metadata(fb)
+        for li in range(LAYERS):                  # verify: the window's rows written, then attention
+            fr.write_rows(target, li, win, gen)
+            q, topk = fr.query(gen, len(qpos)), fr.causal_topk(gen, qpos)
+            out = bt.forward_extend(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
+            check(out, reference(target, li, q, tok_req, topk), f"iteration {it}: verify layer {li}")
+        fb = _spec_batch("DRAFT_EXTEND_V2", rows, [c + NDRAFT for c in committed], win, extend_lens=[NDRAFT] * 3)
+        bd.init_forward_metadata(fb)
+        fr.write_rows(draft, 0, win, gen)
+        q, topk = fr.query(gen, len(qpos)), fr.causal_topk(gen, qpos)
+        out = bd.forward_extend(q, None, None, cuda_layer(0), fb, save_kv_cache=False, topk_indices=topk)
+        check(out, reference(draft, 0, q, tok_req, topk), f"iteration {it}: draft extend")
+        committed = [c + a for c, a in zip(committed, accept[it])]
+    u = bt.store.usage()
+    assert u["spec_rows_admitted"] > 0 and u["spec_window_entries"] > 0
+    assert (u["spec_overflow_entries"] > 0) == (hot < NDRAFT * fr.TOPK)
+    for adapter in (bt.store, bd.store):          # nothing at or past `committed` is resident
+        for li in range(adapter.layers):
+            for r, c in zip(rows, committed):
+                assert int(adapter.store.hot.slot_to_token[li, r].max()) < c
+
+
+def _checker():
+    def check(out, want, what):
+        err = float((out.float().reshape(want.shape) - want).abs().max())
+        assert err <= _bound(want), f"{what}: {err:.3g} from the reference (bound {_bound(want):.3g})"
+    return check
+
+
+def _spec_batch(mode, rows, seq, loc, extend_lens=None):
+    prefix = None if extend_lens is None else [s - e for s, e in zip(seq, extend_lens)]
+    fb = cuda_batch(mode, rows, seq, loc, extend_lens=extend_lens, prefix_lens=prefix)
+    fb.spec_info = SimpleNamespace(draft_token_num=NDRAFT)
+    if extend_lens is not None:
+        fb.extend_num_tokens = sum(extend_lens)
+        fb.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32)
+    return fb
+
+
+def _prefill_draft(backend, runner, rows, prompts, gen):
+    """The draft runner's prefill chunk (one layer): opens and warms its own hot buffers."""
+    r2t = runner.req_to_token_pool.req_to_token
+    fb = cuda_batch("EXTEND", rows, prompts, torch.cat([r2t[r, p - CHUNK:p] for r, p in zip(rows, prompts)]),
+                    extend_lens=[CHUNK] * len(rows), prefix_lens=[p - CHUNK for p in prompts])
+    backend.init_forward_metadata(fb)
+    qpos = [p - CHUNK + j for p in prompts for j in range(CHUNK)]
+    backend.forward_extend(fr.query(gen, len(qpos)), None, None, cuda_layer(0), fb, save_kv_cache=False,
+                           topk_indices=fr.causal_topk(gen, qpos))
+
+
+def test_gpu_fake_indexer_hook_plans_no_draft_step(gpu_fake_mtp, monkeypatch):
+    """An EAGLE draft step reads committed rows only (StoreForward.decode plans it): the CUDA indexer
+    hook's early plan - which would reserve and fetch as a target decode does - is the target's alone."""
+    from sglang.srt.model_executor import forward_context
+
+    from sgl_ess.integration.sglang import cuda_backend
+
+    _, target, draft, bt, _, steps = gpu_fake_mtp
+    r2t = target.req_to_token_pool.req_to_token
+    fr.place_requests(target.req_to_token_pool, [1], [120])
+    fb = cuda_batch("DECODE", [1], [100], r2t[1, 99:100])
+    topk = fr.causal_topk(torch.Generator().manual_seed(2), [99])
+    seen = []
+    monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: target.req_to_token_pool)
+    for backend in (steps[0], bt):
+        monkeypatch.setattr(backend.store, "mode", lambda layer_id: "da")
+        monkeypatch.setattr(backend.store, "early_plan", lambda *a, _b=backend: seen.append(_b.spec_role))
+        monkeypatch.setattr(forward_context, "get_attn_backend", lambda _b=backend: _b)
+        cuda_backend._around_indexer_forward_cuda(lambda *a, **k: topk, None, None, None, None, fb, 0)
+    assert seen == ["target"], f"early plans made for roles {seen}"

@@ -56,12 +56,22 @@ def test_speculative_algorithm_enum_is_read_by_name():
 
 
 @pytest.mark.parametrize("args, needles", [
-    (_args(**EAGLE), ["--speculative-algorithm", "CUDA", "--ess-enabled false"]),
+    (_args(**EAGLE, speculative_draft_attention_backend="triton"),
+     ["--speculative-draft-attention-backend triton", "CUDA", "DSA backend"]),
     (_args(enable_mixed_chunk=True), ["--enable-mixed-chunk", "CUDA"]),
 ])
 def test_refused_on_cuda_until_the_store_serves_them(args, needles):
-    """Issue 16, defect 3: MTP (and mixed chunks) on CUDA went around the store; refused at launch."""
+    """Mixed chunks on CUDA go around the store (refused at launch); an MTP draft on another backend
+    than SGLang's DSA one would read the host pool over PCIe."""
     msg = " ".join(refusals(args, EssConfig(), has_cuda=True))
     for n in needles:
         assert n in msg, f"{n!r} missing from: {msg}"
     assert refusals(args, EssConfig(enabled=False), has_cuda=True) == []
+
+
+@pytest.mark.parametrize("draft_backend", [None, "dsa"])
+def test_mtp_served_on_cuda_through_the_store(draft_backend):
+    """Issue 16, items 3 and 4: verify, draft extend and draft decode run through the store on CUDA
+    (tests/integration/test_cuda_backend_gpu_fake.py), so EAGLE with one chain is no longer refused."""
+    assert refusals(_args(**EAGLE, speculative_draft_attention_backend=draft_backend), EssConfig(),
+                    has_cuda=True) == []

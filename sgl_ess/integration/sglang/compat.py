@@ -9,8 +9,9 @@ ValueError, which ``python -m sgl_ess.launch_server`` reports as "SGLang refused
 (exit code 2).
 
 What is served with ESS on: EAGLE / NEXTN (the model's MTP layer) with one chain of draft tokens
-(``--speculative-eagle-topk 1``), the draft runner on the ``ess`` backend (its own store), mixed
-chunked prefill without speculation. Two-Batch Overlap's per-micro-batch path is built (child
+(``--speculative-eagle-topk 1``), the draft runner on the ``ess`` backend on CPU and on SGLang's DSA
+backend (ESS's subclass) on CUDA, each with its own store; mixed chunked prefill without
+speculation (CPU only). Two-Batch Overlap's per-micro-batch path is built (child
 backends with their own ring groups) but SGLang only runs TBO with expert parallelism or DP
 attention across GPUs.
 """
@@ -78,9 +79,11 @@ def refusals(args: Any, cfg: EssConfig, has_cuda: bool) -> list[str]:
             out.append("--enable-mixed-chunk with --speculative-algorithm and ESS on: a speculative request riding in "
                        "a mixed batch is not built; drop one of the two flags")
     if has_cuda and spec:
-        out.append("--speculative-algorithm with ESS on CUDA: the draft store and the verify forward do not run "
-                   "through the ESS store on CUDA yet (they would read the host pool over PCIe and write draft rows "
-                   "into committed positions); run MTP with --ess-enabled false on CUDA, or ESS without MTP")
+        draft_backend = getattr(args, "speculative_draft_attention_backend", None)
+        if draft_backend not in (None, "dsa", "nsa"):
+            out.append(f"--speculative-draft-attention-backend {draft_backend} with ESS on CUDA: the draft runner must "
+                       "use SGLang's DSA backend (ESS's subclass, its own store); another backend would read the "
+                       "host pool over PCIe. Drop the flag")
     if has_cuda and getattr(args, "enable_mixed_chunk", False):
         out.append("--enable-mixed-chunk with ESS on CUDA: requests riding in a mixed batch are not served by the "
                    "CUDA backend's store path yet; drop --enable-mixed-chunk")

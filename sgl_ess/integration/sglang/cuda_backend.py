@@ -18,8 +18,13 @@ reserve / plan / land / commit per decode layer); this class supplies only ``_Cu
     engine's side stream. FlashMLA returns no log-sum-exp through SGLang's wrapper, so the level
     runs as one attention call after the wait. Any other decode implementation is replaced by the
     Triton sparse-MLA decode (sgl_ess.kernels.sparse_mla_triton), which returns the LSE.
-Not served on CUDA yet, refused at launch (compat.py): MTP (verify / draft extend / draft decode
-through the store) and mixed chunked prefill. Decode CUDA graphs: the path has no host sync and
+MTP (EAGLE / NextN, one chain): SGLang's draft factory builds this class for the draft runner too;
+its roles follow the constructor (draft steps: DRAFT_DECODE, reading committed rows only; the
+draft's prefill / DRAFT_EXTEND_V2 backend: DRAFT_EXTEND), and TARGET_VERIFY / DRAFT_EXTEND_V2 go
+through the store's union (store/verify.py: hot buffer and ring; the window's own rows and any
+overflow read through the pinned pool's zero-copy view, counted), attended by a torch attention
+over the decoded rows (``_CudaKernels.gathered``). Not served on CUDA yet, refused at launch
+(compat.py): mixed chunked prefill. Decode CUDA graphs: the path has no host sync and
 static shapes by design, but capture is unverified, so the launcher disables CUDA graphs with ESS
 on (``--cuda-graph-backend-{decode,prefill} disabled``; a graph flag of the user's is kept).
 """
@@ -32,7 +37,7 @@ import logging
 import torch
 
 from .padding import real_rows
-from .query_layout import ROLE_TARGET
+from .query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET
 from .store_forward import StoreForward
 
 logger = logging.getLogger(__name__)
@@ -60,6 +65,12 @@ def backend_class():
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
             from .backend_registration import store_for_runner
+
+            if getattr(model_runner, "is_draft_worker", False):
+                # SGLang's draft factory: DeepseekSparseAttnMultiStepBackend builds one backend per
+                # draft step (speculative_num_steps > 0, speculative_step_id set by the base class);
+                # the draft's prefill / DRAFT_EXTEND_V2 backend is built without steps
+                self.spec_role = ROLE_DRAFT_DECODE if self.speculative_num_steps else ROLE_DRAFT_EXTEND
 
             self.store = store_for_runner(model_runner)
             self._call = None            # the SGLang arguments of the forward in progress (kernels read them)
@@ -96,13 +107,16 @@ def backend_class():
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
             mode = forward_batch.forward_mode
-            if mode.is_target_verify() or mode.is_draft_extend_v2():
-                raise NotImplementedError("ESS on CUDA: MTP verify / draft extend do not run through the store yet; "
-                                          "the launcher refuses --speculative-algorithm with ESS on CUDA")
             self.store.fence_host()          # pending zeroing of released rows lands before this write
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
                 self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
+            if mode.is_target_verify() or mode.is_draft_extend_v2():
+                # MTP: the window's union through hot buffer and ring (store/verify.py), attended by
+                # _CudaKernels.gathered over the absorbed query
+                q_all = self._q_all(q, q_rope, layer)
+                out = self._forward.extend(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk_indices)
+                return out.view(q_all.shape[0], layer.tp_q_head_num, -1)
             self._call = (q, v, q_rope, kwargs)
             try:
                 return self._forward.extend(q, layer, forward_batch, topk_indices)
@@ -175,7 +189,19 @@ class _CudaKernels:
         return out, None
 
     def gathered(self, q, layer, rows, valid):
-        raise NotImplementedError("ESS on CUDA: MTP verify does not run through the store yet")
+        """MTP verify / draft extend: q [T, H*D] absorbed queries, rows [T, k, kv_dim] in the pool's
+        storage dtype (uint8 656-B rows for FP8), valid [T, k] -> [T, H*R]. A torch attention over
+        the decoded rows (fp32 accumulation): correct on any GPU; SGLang's sparse prefill kernel
+        over a gathered buffer would be faster and is not wired."""
+        from sgl_ess.attention.reference import attend
+
+        b = self.b
+        lay = b.store.latent_layout()
+        t, k = rows.shape[0], rows.shape[1]
+        lat = lay.decode(rows.reshape(t, k, -1).contiguous().view(torch.uint8))      # [T, k, D] fp32
+        q3 = q.reshape(t, layer.tp_q_head_num, -1)
+        out, _ = attend(q3, lat, valid, layer.v_head_dim, layer.scaling, torch.float32)
+        return out.to(q.dtype).reshape(t, -1)
 
     def newest(self, layer, loc):
         return self.b.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc.long()]   # zero-copy read
@@ -189,7 +215,9 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
 
         backend = get_attn_backend()
         store = getattr(backend, "store", None)
-        if store is not None and store.mode(layer_id) != "none":
+        # an EAGLE draft step reads committed rows only (StoreForward plans it itself)
+        if store is not None and store.mode(layer_id) != "none" and getattr(backend, "spec_role",
+                                                                             ROLE_TARGET) == ROLE_TARGET:
             from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
             b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned

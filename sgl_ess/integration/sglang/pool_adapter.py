@@ -288,11 +288,11 @@ class EssPoolAdapter:
 
     def decode_committed(self, layer: int, q3: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor,
                          topk: torch.Tensor, req_to_token: torch.Tensor, attend, max_admit: int,
-                         micro_batch_base: int = 0) -> torch.Tensor:
+                         micro_batch_base: int = 0, single_call: bool = False) -> torch.Tensor:
         """A decode step that reads only final rows (positions < seq_lens): an EAGLE draft step,
         whose own newest row is speculative and is neither read nor admitted. q3 [b, H, D];
-        topk int [b, k] (< seq_lens); returns out float [b, H, R]."""
-        mode = self.mode(layer)
+        topk int [b, k] (< seq_lens); returns out float [b, H, R]. `single_call` as in `decode`."""
+        mode = "none" if single_call else self.mode(layer)
         with self._lock:
             self._committed_rows()
             self.admit_committed(layer, reqs, seq_lens, req_to_token, max_admit)

@@ -219,7 +219,8 @@ class StoreForward:
                                       "EAGLE draft decode step")
             out = self.store.decode_committed(layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
                                               max_admit=num_draft_tokens(forward_batch),
-                                              micro_batch_base=b.micro_batch_base)
+                                              micro_batch_base=b.micro_batch_base,
+                                              single_call=self.kernels.single_call)
             return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if layer.layer_id == 0:         # the newest row decode admits is the one just written
             check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode")

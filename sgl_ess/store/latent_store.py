@@ -441,7 +441,9 @@ class LatentStore:
         layer's hot slots first, so none can land over an admitted row.
 
         reqs int64 [b] (open), seq_lens int64 [b], positions int64 [b, m] (< seq_lens, -1 padded).
-        Returns the number of rows copied (already-resident rows are not copied again)."""
+        Returns the number of rows copied, int64 0-d on the store's device (already-resident rows
+        are not copied again). Static shapes, no host read: a speculative step on CUDA runs this
+        every layer."""
         self._check_layer(layer)
         reqs = reqs.to(self.device, torch.int64)
         seq_lens = seq_lens.to(self.device, torch.int64)
@@ -458,10 +460,10 @@ class LatentStore:
         dst = self._hot_abs(layer, reqs, a.slots)
         src = req_to_host.to(self.device)[reqs.unsqueeze(1), positions.clamp(min=0)]
         moved = a.miss
-        m = int(moved.sum())
-        if m:
-            copy_rows(self.host.rows[layer], src[moved], self.slots.rows, dst[moved], self.transfer_backend)
-            self.counters.rows_h2d[layer] += m
+        copy_rows(self.host.rows[layer], torch.where(moved, src, -1).reshape(-1), self.slots.rows,
+                  torch.where(moved, dst, -1).reshape(-1), self.transfer_backend)
+        m = moved.sum()
+        self.counters.rows_h2d[layer] += m
         return m
 
     # --- views -----------------------------------------------------------------------------

@@ -165,16 +165,21 @@ class CommittedRows:
 
     def __init__(self, num_layers: int, max_requests: int, device):
         self.frontier = torch.zeros((num_layers, max_requests), dtype=torch.int64, device=device)
-        self.rows_admitted = 0
+        self._admitted = torch.zeros((), dtype=torch.int64, device=device)
+
+    @property
+    def rows_admitted(self) -> int:
+        return int(self._admitted)          # a host read: metrics and tests only
 
     def reset(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor) -> None:
         self.frontier[layer].index_copy_(0, reqs.to(self.frontier.device, torch.int64),
                                          committed.to(self.frontier.device, torch.int64))
 
     def admit(self, store, layer: int, reqs: torch.Tensor, committed: torch.Tensor, req_to_host: torch.Tensor,
-              max_rows: int) -> int:
+              max_rows: int) -> torch.Tensor:
         """Admit the final rows [frontier, committed) of each request (at most the newest
-        `max_rows`) as its most recently used entries, oldest first. Returns rows admitted."""
+        `max_rows`) as its most recently used entries, oldest first. Returns rows admitted (int64
+        0-d on the device; no host read)."""
         dev = self.frontier.device
         reqs = reqs.to(dev, torch.int64)
         committed = committed.to(dev, torch.int64)
@@ -183,8 +188,6 @@ class CommittedRows:
         pos = torch.where(pos < committed[:, None], pos, -1)
         self.frontier[layer].index_copy_(0, reqs, torch.maximum(self.frontier[layer].index_select(0, reqs),
                                                                  committed))
-        if not bool((pos >= 0).any()):
-            return 0
         m = store.admit_from_host(layer, reqs, committed, pos, req_to_host)
-        self.rows_admitted += m
+        self._admitted += m
         return m

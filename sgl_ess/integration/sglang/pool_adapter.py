@@ -282,8 +282,8 @@ class EssPoolAdapter:
             out = attend_rows(rows.view(self.dtype).view(rows.shape[0], rows.shape[1], self.kv_dim), valid)
             self.store.commit(plan.step)
             self.spec_steps += 1
-            self.spec_window_entries += int(plan.window.sum())
-            self.spec_overflow_entries += int(plan.overflow.sum())
+            self.spec_window_entries += plan.window.sum()       # device counts: read by spec_usage only
+            self.spec_overflow_entries += plan.overflow.sum()
             return out
 
     def decode_committed(self, layer: int, q3: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor,
@@ -318,8 +318,8 @@ class EssPoolAdapter:
         if getattr(self, "_spec_rows", None) is None:
             return out
         return {**out, "spec_steps": self.spec_steps, "spec_rows_admitted": self._spec_rows.rows_admitted,
-                "spec_window_entries": self.spec_window_entries,
-                "spec_overflow_entries": self.spec_overflow_entries}
+                "spec_window_entries": int(self.spec_window_entries),
+                "spec_overflow_entries": int(self.spec_overflow_entries)}
 
     def is_open(self, req: int) -> bool:
         return 0 <= req < self.store_cfg.max_requests and bool(self.store.hot.is_open[req])

@@ -10,35 +10,16 @@ side-stream engine with its streams late and out of order (tests/stream_doubles.
 """
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from sgl_ess.prefetch.predictors import Predictor
 from sgl_ess.store.host_feed import HostFeed
 from sgl_ess.store.speculative import SpeculativeStager
-from tests.stream_doubles import LateStreams
+from tests.host_reads import watch
 from tests.unit.store import test_overlap_levels as loop
-
-# ops that read a device value on the host, or whose output shape depends on one (a sync on CUDA)
-HOST_READS = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero", "aten::_unique2",
-              "aten::unique_dim", "aten::unique_consecutive", "aten::masked_select", "aten::equal"}
-
-
-class HostReads(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
-        if name in HOST_READS or (name == "aten::index" and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or []))):
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
-
 
 @pytest.mark.parametrize("predictor", ["next_layer", "score_ema"])
 def test_gpu_fake_stager_reads_no_device_value_on_the_host(predictor, monkeypatch):
-    watch = HostReads()
+    watcher = watch(monkeypatch)
     calls = {"after_plan": 0, "claim": 0}
     for name in calls:
         fn = getattr(SpeculativeStager, name)
@@ -47,21 +28,14 @@ def test_gpu_fake_stager_reads_no_device_value_on_the_host(predictor, monkeypatc
             if not self._ordered:
                 return _fn(self, *a, **k)
             calls[_name] += 1
-            with watch:
+            with watcher:
                 return _fn(self, *a, **k)
 
         monkeypatch.setattr(SpeculativeStager, name, wrapped)
-    step = LateStreams._step
-
-    def device_work(self, stream):          # the side streams' kernels are device work, not host reads
-        with _disable_current_modes():
-            step(self, stream)
-
-    monkeypatch.setattr(LateStreams, "_step", device_work)
     snap, _, _ = loop._run("da", engine="stream_gpu_fake", seed=3, speculative=predictor, cross_layer=0.7)
     assert calls["after_plan"] > 0 and calls["claim"] > 0
     assert snap["prefetch"]["speculative"]["rows_staged"] > 0
-    assert watch.seen == [], f"the stager read device values on the host: {sorted(set(watch.seen))}"
+    assert watcher.seen == [], f"the stager read device values on the host: {sorted(set(watcher.seen))}"
 
 
 class _Wrong(Predictor):

@@ -62,11 +62,24 @@ def _topk(g, c: int, prev: list[int]) -> list[list[int]]:
     return rows
 
 
-def _run(n_slots: int, seed: int = 0, engine: str = "inline"):
+def _run(n_slots: int, seed: int = 0, engine: str = "inline", watcher=None):
+    """`engine` "stream_gpu_fake": the CUDA side-stream engine, streams late and out of order, and
+    the store's part of each step (admission, union plan, land, gather, commit) run unvalidated
+    under `watcher` (tests/host_reads.py), as the CUDA backend runs it."""
+    import contextlib
+
     g = torch.Generator().manual_seed(seed)
     b = len(CONTEXTS)
+    fake = engine == "stream_gpu_fake"
     store, table = make_store(layers=LAYERS, row_bytes=ROW, host_tokens=4096, n=n_slots, max_requests=8, k=K,
-                              max_context=1024, engine=engine)
+                              max_context=1024, engine="inline" if fake else engine)
+    if fake:
+        from sgl_ess.prefetch.stream_engine import StreamEngine
+        from tests.stream_doubles import LateStreams
+
+        store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=LateStreams(seed),
+                                    zero_backend="torch")
+    watching = watcher if watcher is not None else contextlib.nullcontext()
     ids = [f"r{i}" for i in range(b)]
     for rid, ctx in zip(ids, CONTEXTS):
         table.add(rid, ctx + (STEPS + 1) * NDRAFT)          # window slots allocated ahead, as SGLang does
@@ -103,12 +116,13 @@ def _run(n_slots: int, seed: int = 0, engine: str = "inline"):
                     loc = int(r2h[int(reqs[i]), pos])
                     window[(i, pos)] = _bytes(loc, step, layer)
                     store.host.rows[layer][loc] = window[(i, pos)]
-            rows_of.admit(store, layer, reqs, c, r2h, NDRAFT)
+            with watching:
+                rows_of.admit(store, layer, reqs, c, r2h, NDRAFT)
+                plan = plan_union(store, layer, reqs, c, topk, r2h, validate=not fake)
+                store.land(plan.step)
+                got, valid = gather_rows(store, plan, layer)
             for i in range(b):                                           # oracle: admission, oldest first
                 oracle[(layer, i)].access(range(admitted_from[i], committed[i]))
-            plan = plan_union(store, layer, reqs, c, topk, r2h)
-            store.land(plan.step)
-            got, valid = gather_rows(store, plan, layer)
             assert torch.equal(valid, (topk >= 0).reshape(b * NDRAFT, K))
             for i in range(b):
                 union = []
@@ -131,7 +145,8 @@ def _run(n_slots: int, seed: int = 0, engine: str = "inline"):
                 assert marked == over, f"step {step} req {i}: overflow entries {marked} != oracle {over}"
                 overflow_seen += len(over)
             window_seen += int(plan.window.sum())
-            store.commit(plan.step)
+            with watching:
+                store.commit(plan.step)
         store.engine.drain()
         for layer in range(LAYERS):                                      # hot buffers vs the oracle
             slot_rows = store.layer_rows(layer)
@@ -172,6 +187,19 @@ def test_union_overflows_hot_buffer():
     """N = 12 < the union (up to 32 distinct): the overflow is read from the host; still exact."""
     overflow, window, admitted = _run(n_slots=12, seed=1)
     assert overflow > 0 and window > 0 and admitted > 0
+
+
+@pytest.mark.parametrize("n_slots", [40, 12])
+def test_gpu_fake_stream_engine_exact_and_no_host_read(n_slots, monkeypatch):
+    """GPU fake (issue 16): the same steps on the CUDA side-stream engine, its streams late and out
+    of order; the store's verify bookkeeping reads no device value on the host (it used to read the
+    admitted-row count and the union's overflow, a sync per layer on CUDA)."""
+    from tests.host_reads import watch
+
+    watcher = watch(monkeypatch)
+    overflow, window, admitted = _run(n_slots=n_slots, seed=3, engine="stream_gpu_fake", watcher=watcher)
+    assert window > 0 and admitted > 0 and (overflow > 0) == (n_slots < NDRAFT * K)
+    assert watcher.seen == [], f"host reads in the verify path: {sorted(set(watcher.seen))}"
 
 
 def test_worker_engine():

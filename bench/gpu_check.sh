@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The prepared GPU check: one script, at most ~10 minutes on one H200, one JSON ($OUT/gpu_check.json)
 # plus logs. Run it from the repo root on the GPU machine (the device tool's `run`), e.g.
-#   bash bench/gpu_check.sh                      (carry .whl with the sgl-flash-mla wheel if you have it:
-#                                                 bash bench/fetch_gpu_wheels.sh here first)
+#   bash bench/gpu_check.sh                      (carry .whl: bash bench/fetch_gpu_wheels.sh here first
+#                                                 fetches SGLang 0.5.23 cp312 and what it lacks there,
+#                                                 ~54 MiB; --with-flashmla adds FlashMLA if it fits)
 # Part 1 needs only torch + Triton (+ pytest, numpy) with the repo on PYTHONPATH - what that machine has:
 #   CUDA tests of the store and kernels, FlashTrans GB/s next to a bulk pinned copy, resolver us/layer
 #   (b 64, k 2048, N 6400), Triton sparse decode vs the torch reference, FlashMLA's sparse FP8 decode
 #   over our slot space (if its wheel loads on this torch), the store's decode-step loop at the paper's
 #   shapes with the exposed fetch per overlap level, the operator profile for the simulator.
-# Part 2 needs SGLang's CUDA stack (not on the lent machine: it is skipped there with one line): the
-#   embedded model served on the GPU, ESS off vs on, greedy tokens and log-prob differences, and a
-#   short bench_serving at a capped device budget (bench/gpu_serving_check.py).
+# Part 2 needs SGLang (the carried .whl) and sgl_kernel (the real one if installed, else this repo's
+#   torch stand-ins): the embedded model served on the GPU, ESS off vs on, greedy tokens and log-prob
+#   differences, and a short bench_serving at a capped device budget (bench/gpu_serving_check.py).
+#   Without the carried wheels it is skipped with one line. Never run on a GPU so far.
 # --dry-run (any machine, ~1 minute; CI runs it: tests/integration/test_gpu_check_dry_run.py): every
 #   step with --device cpu at tiny shapes, results under $OUT/results (bench/results/ untouched), the
 #   CUDA-only benches record that they skipped, part 2 resolves both servers' flags without starting
@@ -85,6 +87,13 @@ timeout 90 python3 -m bench ops --device $DEV $OPS --out "$OUT/ops_h200.json" 2>
 if [ "$DRY" = 1 ]; then
   step "part 2 (dry run): both servers' flags resolved as on CUDA, nothing started"
   timeout 240 python3 bench/gpu_serving_check.py $SERVING --out "$OUT/serving_gpu.json" 2>&1 | tail -5
+else
+  # SGLang's CUDA kernels (sgl-kernel, hundreds of MB) cannot travel; its torch stand-ins can
+  python3 -c "import sgl_kernel" >/dev/null 2>&1 || { export PYTHONPATH=$PYTHONPATH:$PWD/launch/cpu_shims; \
+    step "part 2: sgl_kernel not installed: this repo's torch stand-ins (launch/cpu_shims/sgl_kernel)"; }
+fi
+if [ "$DRY" = 1 ]; then
+  :
 elif python3 -c "import sglang, sgl_kernel" >/dev/null 2>&1; then
   step "part 2: SGLang on the GPU, ESS off vs on"
   timeout 240 python3 bench/gpu_serving_check.py --out "$OUT/serving_gpu.json" 2>&1 | tail -20

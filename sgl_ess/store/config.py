@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 # The paper recommends at least 6.4K GPU slots per request per layer (ESS.md §3).
 PAPER_MIN_HOT_SLOTS = 6400
+# The slot space is allocated in whole pages of rows (store/slot_space.py).
+PAGE_ROWS = 64
 
 
 class StoreConfigError(ValueError):
@@ -107,6 +109,20 @@ class StoreConfig:
         """Hot buffers + staging rings (the latent bytes ESS keeps on the device)."""
         ring = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
         return (self.num_layers * self.hot_slots_total + ring) * self.row_bytes
+
+    def device_allocation(self) -> dict[str, int]:
+        """Bytes a store of this config allocates on its device, by tensor: the slot space's rows in
+        whole pages (hot buffers, rings, speculative rows), their ring tags, the LRU state of every
+        (layer, request row + the padding row), the resolver's token map and the counters. What
+        SGLang's GPU budget must leave room for (integration/sglang/cuda_memory.py); an engine's
+        own few small buffers aside."""
+        n_layers, r, n = self.num_layers, self.max_requests, self.hot_slots_per_request
+        staged = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
+        rows = -(-(n_layers * r * n + staged) // PAGE_ROWS) * PAGE_ROWS
+        return {"slot_rows": rows * self.row_bytes, "ring_tags": 8 * staged,
+                "lru_state": n_layers * (r + 1) * n * (8 + 4),           # slot -> token int64, LRU order int32
+                "token_map": (r + 1) * (self.max_context_tokens + 1) * 4,
+                "counters": 8 * (2 * n_layers * r + 6 * n_layers)}
 
 
 def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float | None = None,

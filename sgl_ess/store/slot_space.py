@@ -26,7 +26,7 @@ import torch
 
 from sgl_ess.memory.shared_segment import SLOTS_LABEL, SharedSegment
 
-PAGE_ROWS = 64
+from sgl_ess.store.config import PAGE_ROWS   # one page size for the layout and the device budget
 
 
 class SlotSpace:

@@ -48,6 +48,21 @@ def derive_hot_slots(cfg: EssConfig, topk: int, layers: int, row_bytes: int, max
     return n
 
 
+def store_config(cfg: EssConfig, layers: int, row_bytes: int, topk: int, request_rows: int, max_context: int,
+                 device: str, host_tokens: int):
+    """The StoreConfig of a model runner's store: `request_rows` = SGLang's request rows
+    (req_to_token rows: --max-running-requests + 1), `max_context` its columns. Also what the GPU
+    budget reserves before the store exists (cuda_memory.py)."""
+    from sgl_ess.store import StoreConfig
+
+    hot = derive_hot_slots(cfg, topk, layers, row_bytes, request_rows)
+    spec = (cfg.spec_slots or max(topk, request_rows * topk // 8)) if cfg.speculative_prefetch != "off" else 0
+    return StoreConfig(num_layers=layers, row_bytes=row_bytes, host_capacity_tokens=host_tokens,
+                       hot_slots_per_request=hot, max_requests=request_rows, topk=topk,
+                       max_context_tokens=max_context, device=device, warmup_window=cfg.warmup_queries,
+                       ring_slots=cfg.ring_slots, spec_slots=spec, lock_host=cfg.lock_host_memory)
+
+
 DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "attention",
                                "profiles", "default.json")
 
@@ -63,7 +78,7 @@ class EssPoolAdapter:
     """One per model runner (scheduler process). Thread-safe for the calls SGLang makes."""
 
     def __init__(self, model_runner, cfg: EssConfig):
-        from sgl_ess.store import LatentStore, StoreConfig
+        from sgl_ess.store import LatentStore
 
         pool = model_runner.token_to_kv_pool
         host = getattr(pool, "ess_host_pool", None)
@@ -82,14 +97,8 @@ class EssPoolAdapter:
         self.topk = mc.hf_config.index_topk
         req_to_token = model_runner.req_to_token_pool.req_to_token
         max_requests = req_to_token.shape[0]
-        hot = derive_hot_slots(cfg, self.topk, self.layers, self.row_bytes, max_requests)
-        self.store_cfg = StoreConfig(
-            num_layers=self.layers, row_bytes=self.row_bytes,
-            host_capacity_tokens=host.capacity_tokens, hot_slots_per_request=hot,
-            max_requests=max_requests, topk=self.topk, max_context_tokens=req_to_token.shape[1],
-            device=str(model_runner.device), warmup_window=cfg.warmup_queries, ring_slots=cfg.ring_slots,
-            spec_slots=(cfg.spec_slots or max(self.topk, max_requests * self.topk // 8))
-            if cfg.speculative_prefetch != "off" else 0, lock_host=cfg.lock_host_memory)
+        self.store_cfg = store_config(cfg, self.layers, self.row_bytes, self.topk, max_requests,
+                                      req_to_token.shape[1], str(model_runner.device), host.capacity_tokens)
         self.cfg = cfg
         # input checks read values back to the host: on the CPU once per step (layer 0), never on CUDA
         self.validate = str(model_runner.device) == "cpu"
@@ -121,7 +130,7 @@ class EssPoolAdapter:
                         self.level, self.store.engine.name)
         logger.info("ESS store: %d layers x %d host rows x %d B (host %.1f MB), hot %d slots/request x %d rows "
                     "(device %.2f MB)", self.layers, self.store_cfg.host_capacity_tokens, self.row_bytes,
-                    self.store_cfg.host_bytes / 1e6, hot, max_requests, self.store_cfg.device_bytes / 1e6)
+                    self.store_cfg.host_bytes / 1e6, self.store_cfg.hot_slots_per_request, max_requests, self.store_cfg.device_bytes / 1e6)
 
     # --- per forward ------------------------------------------------------------------
     def after_extend(self, layer: int, rows: list[int], seq_lens: list[int], n_q: list[int],

@@ -27,6 +27,7 @@ DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weig
 DSA_BACKEND_CLASS = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 INDEXER_FORWARD_CUDA = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda"
 POOL_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
+POOL_BUDGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes"
 RESOLVE_KV_POOL_CLASS = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class"
 UPDATE_HANDLERS = ("sglang.srt.managers.scheduler_components.internal_state."
                    "SchedulerInternalStateController._update_handlers")
@@ -84,6 +85,7 @@ PATCHED = {
     DSA_BACKEND_CLASS: "REPLACE (CUDA, ESS on): SGLang's DSA backend subclass whose decode reads the slot space",
     INDEXER_FORWARD_CUDA: "AROUND (CUDA, ESS on): submit a decode batch's miss fetch right after its top-k",
     POOL_CELL_SIZE: "AROUND (CUDA, ESS on): price a token's GPU bytes without its latent row (it lives on the host)",
+    POOL_BUDGET: "AROUND (CUDA, ESS on): take the ESS store's device bytes out of SGLang's pool budget",
     RESOLVE_KV_POOL_CLASS: "AROUND: ESS on -> the DSA pool class gets host-backed latent buffers (host_pool_class.py)",
     SET_EMBED_AND_HEAD: "AROUND: EAGLE/NextN draft shares embed + LM head; no torch.cuda sync calls without CUDA",
     DRAFT_BACKEND_CREATE: "AROUND: add 'ess' to the EAGLE draft backend factory's hard-coded backend maps",

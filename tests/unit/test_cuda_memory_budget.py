@@ -1,0 +1,85 @@
+"""The ESS store inside SGLang's GPU budget (issue 16): `StoreConfig.device_allocation` is what a
+store allocates on its device, tensor by tensor, and the pool-budget hook (cuda_memory.py) takes the
+target's and the EAGLE draft's stores out of the bytes SGLang sizes its pools from - before this,
+the store was allocated after SGLang's pools, outside its budget. The configurator's method is a
+stub here (the hook's CUDA branch has never run on a GPU)."""
+from types import SimpleNamespace
+
+import pytest
+
+from sgl_ess.config import ENV_CONFIG_JSON, EssConfig
+from sgl_ess.store import LatentStore, StoreConfig
+
+
+def _allocated(store: LatentStore) -> int:
+    c = store.counters
+    tensors = [store.slots.rows, store.slots.ring_tags, store.hot.slot_to_token_ext, store.hot.lru_order_ext,
+               store.hot.token_map, c.hits, c.misses, c.layer_hits, c.layer_misses, c.rows_h2d, c.rows_d2h,
+               c.warmup_rows, c.refetch_rows]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("spec_slots, ring_slots, requests", [(0, 0, 5), (48, 0, 9), (0, 70, 3)])
+def test_device_allocation_is_what_the_store_allocates(spec_slots, ring_slots, requests):
+    cfg = StoreConfig(num_layers=3, row_bytes=40, host_capacity_tokens=64, hot_slots_per_request=20,
+                      max_requests=requests, topk=8, max_context_tokens=300, spec_slots=spec_slots,
+                      ring_slots=ring_slots)
+    store = LatentStore(cfg, transfer_backend="torch", engine="inline",
+                        speculative="next_layer" if spec_slots else "off")
+    assert _allocated(store) == sum(cfg.device_allocation().values())
+    assert cfg.device_allocation()["slot_rows"] >= cfg.device_bytes        # whole pages of the latent bytes
+    store.shutdown()
+
+
+def _kvc(layers=4, device="cuda:0"):
+    mc = SimpleNamespace(hf_config=SimpleNamespace(index_topk=8, num_nextn_predict_layers=1), context_len=1024,
+                         num_hidden_layers=layers)
+    return SimpleNamespace(use_mla_backend=True, is_draft_worker=False, device=device, model_config=mc,
+                           layer_info=SimpleNamespace(num_effective_layers=layers))
+
+
+@pytest.fixture
+def hook(monkeypatch):
+    pytest.importorskip("sglang")
+    from sglang.srt import runtime_context
+
+    from sgl_ess.integration.sglang import cuda_memory
+
+    monkeypatch.setenv(ENV_CONFIG_JSON, EssConfig(hot_slots_per_request=20).to_json())
+    monkeypatch.setattr(cuda_memory, "latent_bytes_per_token", lambda kvc, n: 656 * n)
+    monkeypatch.setattr(runtime_context, "get_schedule", lambda: SimpleNamespace(max_running_requests=7))
+    spec = SimpleNamespace(speculative_algorithm=None)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    return cuda_memory, spec
+
+
+def _store_bytes(layers: int) -> int:
+    cfg = StoreConfig(num_layers=layers, row_bytes=656, host_capacity_tokens=1, hot_slots_per_request=20,
+                      max_requests=8, topk=8, max_context_tokens=1024)      # 7 running + SGLang's padding row
+    return sum(cfg.device_allocation().values())
+
+
+def test_pool_budget_leaves_room_for_the_store(hook):
+    cuda_memory, spec = hook
+    avail = 1 << 30
+    got = cuda_memory._around_profile_available_bytes(lambda self, pre: avail, _kvc(), 0)
+    assert got == avail - _store_bytes(4)
+    spec.speculative_algorithm = "EAGLE"             # the draft runner's store (1 MTP layer) too
+    got = cuda_memory._around_profile_available_bytes(lambda self, pre: avail, _kvc(), 0)
+    assert got == avail - _store_bytes(4) - _store_bytes(1)
+
+
+def test_pool_budget_unchanged_off_cuda_and_for_the_draft_worker(hook):
+    cuda_memory, _ = hook
+    assert cuda_memory._around_profile_available_bytes(lambda self, pre: 12345, _kvc(device="cpu"), 0) == 12345
+    draft = _kvc()
+    draft.is_draft_worker = True
+    assert cuda_memory._around_profile_available_bytes(lambda self, pre: 12345, draft, 0) == 12345
+
+
+def test_pool_budget_too_small_for_the_store_stops_with_the_fix(hook):
+    cuda_memory, _ = hook
+    with pytest.raises(ValueError) as e:
+        cuda_memory._around_profile_available_bytes(lambda self, pre: _store_bytes(4) - 1, _kvc(), 0)
+    for needle in ("--ess-hot-slots-per-request", "--max-running-requests", "--mem-fraction-static"):
+        assert needle in str(e.value)

@@ -90,6 +90,13 @@ class FetchEngine(ABC):
     @abstractmethod
     def done(self, ticket: Ticket) -> bool: ...
 
+    def wait_layer(self, ticket: Ticket, layer: int) -> bool:
+        """Order later work after layer `layer`'s part of a zero plan (its every-layer memset). Returns
+        True when the whole plan is now ordered (the caller may forget the ticket). An engine that
+        runs a zero plan as one operation waits for all of it."""
+        self.wait(ticket)
+        return True
+
     @abstractmethod
     def drain(self) -> None: ...
 

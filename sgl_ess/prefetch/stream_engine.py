@@ -18,9 +18,10 @@ stream, in submission order (a warmup lands before the immediate fetch that may 
 slots: they must not reorder). Zeroing released rows (every layer of them) runs on a second,
 low-priority stream: nothing reads a released row, so an immediate fetch no longer queues behind
 61 layers of memset; `fence_host` (the zero plans' tickets) is what orders later host writes
-after it. Not yet gained on the serving path: the backends fence before each layer's KV write,
-and one zero plan covers every layer, so the first layer after a release still waits for the
-whole memset (a per-layer zero plan and fence would remove that). Rows and plans per tier are counted (`stats()`).
+after it, layer by layer: a zero plan is one memset per layer with an event after each, and a
+host write to layer l (the backends fence before each layer's KV write) waits for layer l's
+memset only (`wait_layer`), so the first layer after a release no longer waits for all 61. Rows and
+plans per tier are counted (`stats()`).
 
 Streams and events go through a runtime (stream_runtime.CudaStreams on a GPU); the CPU suite runs
 this class with a runtime whose streams complete work late and out of order and with the torch
@@ -115,6 +116,7 @@ class StreamEngine(FetchEngine):
         self.stream = runtime.stream("high")        # every copy, in submission order
         self.zero_stream = runtime.stream("low")    # zeroing released rows: nothing reads them
         self.events = PlanEvents(self._join)
+        self.zero_layer_events: dict[int, list] = {}   # zero plan id -> event after each layer's memset
         self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
         self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
         self.zero_rows = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -129,6 +131,7 @@ class StreamEngine(FetchEngine):
         rt.wait_stream(stream, rt.current())     # after every index and row the compute stream made
         if plan.kind == "zero":
             rt.wait_stream(stream, self.stream)   # and after every copy submitted before it
+            return self._submit_zero(t, plan, stream)
 
         def work():
             # the plan's index tensors: copied to the device on this stream (a no-op when the resolver
@@ -149,14 +152,43 @@ class StreamEngine(FetchEngine):
         self.events.add(plan.plan_id, ev)
         return t
 
+    def _submit_zero(self, t: Ticket, plan: CopyPlan, stream) -> Ticket:
+        """A zero plan, one memset per layer on the zero stream, an event after each: a host write to
+        layer l waits for layer l's memset only (`wait_layer`), not for every layer's."""
+        rt, mem = self.rt, self.mem
+        idx = {}
+
+        def indices():
+            dst = plan.dst_idx.to(self.device, non_blocking=True)
+            idx["dst"], idx["src"] = dst, torch.where(dst >= 0, 0, -1)
+            self.zero_rows += (dst >= 0).sum()    # its own counter: the zero stream runs beside the copies
+            return (dst,)
+
+        def layer_work(layer):
+            def work():
+                copy_rows(self.zero_row, idx["src"], mem.host[layer], idx["dst"], self.zero_backend)
+            return work
+
+        for x in rt.launch(stream, indices) or ():
+            rt.keep_alive(x, stream)
+        events = []
+        for layer in range(mem.host.shape[0]):
+            rt.launch(stream, layer_work(layer))
+            events.append(rt.record(stream))
+        self.zero_layer_events[plan.plan_id] = events
+        self.events.add(plan.plan_id, events[-1])
+        return t
+
+    def wait_layer(self, ticket: Ticket, layer: int) -> bool:
+        events = self.zero_layer_events.get(ticket.plan_id)
+        if events is None:                    # not a zero plan, or already ordered as a whole
+            self.wait(ticket)
+            return True
+        self.rt.wait_event(self.rt.current(), events[layer])
+        return False
+
     def _run(self, plan: CopyPlan, src: torch.Tensor, dst: torch.Tensor) -> None:
         mem = self.mem
-        if plan.kind == "zero":
-            zsrc = torch.where(dst >= 0, 0, -1)
-            for layer in range(mem.host.shape[0]):
-                copy_rows(self.zero_row, zsrc, mem.host[layer], dst, self.zero_backend)
-            self.zero_rows += (dst >= 0).sum()    # its own counter: the zero stream runs beside the copies
-            return
         if plan.kind == "h2s":
             copy_rows(mem.host[plan.layer], src, mem.slots, dst, self.backend)
         elif plan.kind == "s2h":
@@ -183,6 +215,7 @@ class StreamEngine(FetchEngine):
         return self.rt.record(self._order_all())
 
     def wait(self, ticket: Ticket) -> None:
+        self.zero_layer_events.pop(ticket.plan_id, None)
         ev = self.events.pop(ticket.plan_id)
         if ev is not None:
             self.rt.wait_event(self.rt.current(), ev)
@@ -194,6 +227,7 @@ class StreamEngine(FetchEngine):
         """Order everything submitted so far before the current stream's next work (no host sync)."""
         self._order_all()
         self.events.clear()
+        self.zero_layer_events.clear()
 
     def stats(self) -> dict:
         s = super().stats()

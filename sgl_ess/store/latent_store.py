@@ -124,7 +124,8 @@ class LatentStore:
         self._seq = 0
         self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
-        self._host_fence: list[Ticket] = []                # zeroing that must land before host writes
+        # zeroing that must land before host writes: each zero plan and the layers already fenced
+        self._host_fence: list[tuple[Ticket, set[int]]] = []
 
     def _make_engine(self, name: str) -> FetchEngine:
         on_cuda = self.device.type == "cuda"
@@ -199,7 +200,7 @@ class LatentStore:
         locs = locs.to(torch.int64).reshape(-1)
         if locs.numel() and (int(locs.min()) < 0 or int(locs.max()) >= self.cfg.host_capacity_tokens):
             raise IndexError(f"write_host: location out of range [0, {self.cfg.host_capacity_tokens})")
-        self.fence_host()
+        self.fence_host(layer)
         src_idx = torch.arange(locs.numel(), device=rows.device)
         copy_rows(rows, src_idx, self.host.rows[layer], locs.to(rows.device), self.transfer_backend)
         self.counters.add_d2h(layer, locs.numel())
@@ -212,14 +213,31 @@ class LatentStore:
             return
         if int(locs.min()) < 0 or int(locs.max()) >= self.cfg.host_capacity_tokens:
             raise IndexError(f"clear_host: location out of range [0, {self.cfg.host_capacity_tokens})")
-        self._host_fence.append(self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
-                                                            tier="background", note="zero released rows")))
+        self._host_fence.append((self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
+                                                             tier="background", note="zero released rows")),
+                                 set()))
 
-    def fence_host(self) -> None:
-        """Before anything writes host rows: wait for pending zeroing of released rows (an engine
-        may hand a released location to a new request right away)."""
-        while self._host_fence:
-            self.engine.wait(self._host_fence.pop(0))
+    def fence_host(self, layer: int | None = None) -> None:
+        """Before anything writes host rows (of `layer`; None: of any layer): order the write after
+        the pending zeroing of released rows (an engine may hand a released location to a new
+        request right away). With a layer, a device stream waits for that layer's memset only."""
+        if layer is None:
+            while self._host_fence:
+                self.engine.wait(self._host_fence.pop(0)[0])
+            return
+        keep = []
+        for ticket, fenced in self._host_fence:
+            if layer in fenced:
+                keep.append((ticket, fenced))
+                continue
+            fenced.add(layer)
+            if self.engine.wait_layer(ticket, layer):
+                continue                               # the whole plan is ordered now
+            if len(fenced) == self.cfg.num_layers:
+                self.engine.wait(ticket)               # every layer fenced: forget the plan
+                continue
+            keep.append((ticket, fenced))
+        self._host_fence = keep
 
     # --- decode path -------------------------------------------------------------------
     def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,

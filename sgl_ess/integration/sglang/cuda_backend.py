@@ -107,7 +107,7 @@ def backend_class():
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
             mode = forward_batch.forward_mode
-            self.store.fence_host()          # pending zeroing of released rows lands before this write
+            self.store.fence_host(layer.layer_id)    # this layer's zeroing of released rows lands before the write
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
                 self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
@@ -128,7 +128,7 @@ def backend_class():
             if self.store is None or topk_indices is None:
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
-            self.store.fence_host()
+            self.store.fence_host(layer.layer_id)
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
                 self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)

@@ -126,7 +126,7 @@ class EssSparseAttnBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
         loc = forward_batch.out_cache_loc
         if self.store is not None:
-            self.store.fence_host()           # released rows are zeroed before anything rewrites them
+            self.store.fence_host(layer.layer_id)    # released rows are zeroed before anything rewrites them
         if save_kv_cache and k is not None:
             self._save(layer, forward_batch, loc, k, v)
         if topk_indices is None:
@@ -147,7 +147,7 @@ class EssSparseAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
         loc = forward_batch.out_cache_loc
         if self.store is not None:
-            self.store.fence_host()
+            self.store.fence_host(layer.layer_id)
         if save_kv_cache and k is not None:
             self._save(layer, forward_batch, loc, k, v)
         if topk_indices is None:

@@ -337,9 +337,11 @@ class EssPoolAdapter:
         """[S, kv_dim] view of slot rows (uint8) in the cache dtype."""
         return slot_rows.view(self.dtype).view(-1, self.kv_dim)
 
-    def fence_host(self) -> None:
+    def fence_host(self, layer: int | None = None) -> None:
+        """Before SGLang writes latent rows (of `layer`; None: any): order the write after the
+        zeroing of released rows (layer by layer on a device stream)."""
         with self._lock:
-            self.store.fence_host()
+            self.store.fence_host(layer)
 
     # --- lifecycle --------------------------------------------------------------------
     def open_rows_cold(self, rows: list[int]) -> None:

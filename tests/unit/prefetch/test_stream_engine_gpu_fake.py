@@ -43,7 +43,7 @@ def test_gpu_fake_an_immediate_fetch_does_not_wait_for_zeroing():
         topk = torch.randperm(CTX, generator=torch.Generator().manual_seed(1))[:K].reshape(1, K).to(torch.int32)
         step = store.plan(0, reqs, lens, topk, table.req_to_host)
         store.land(step)                                   # the compute stream waits for this fetch only
-        assert streams.pending(store.engine.zero_stream) == 1, "the zeroing ran before the fetch could"
+        assert streams.pending(store.engine.zero_stream) == LAYERS + 1, "the zeroing ran before the fetch could"
         assert int(store.host.rows[:, a_locs].count_nonzero()) > 0
         got = store.slot_rows[step.read_slots.reshape(-1).long()]
         assert torch.equal(got, _rows(table.req_to_host[reqs[0], topk[0].long()], 0))
@@ -63,7 +63,7 @@ def test_gpu_fake_a_reused_location_is_written_after_its_zeroing():
         a_locs = table.host_locs("a").clone()
         store.close(table.index("a"))
         store.clear_host(a_locs)                           # SGLang's release: a zero plan, no host sync
-        assert streams.pending(store.engine.zero_stream) == 1
+        assert streams.pending(store.engine.zero_stream) == LAYERS + 1
         for layer in range(LAYERS):                        # the next request's prefill, same locations
             store.write_host(layer, a_locs, _rows(a_locs, layer + 7))
         streams.finish()                                   # whatever was still queued runs now
@@ -98,5 +98,29 @@ def test_gpu_fake_drain_orders_both_streams_and_a_release_leaves_nothing():
             assert torch.equal(store.host.rows[layer, b_locs], _rows(b_locs, layer))
         s = store.engine.stats()["tiers"]
         assert s["background"]["rows"] >= a_locs.numel() and s["immediate"]["rows"] > 0
+    finally:
+        store.shutdown()
+
+
+def test_gpu_fake_a_layers_write_waits_for_that_layers_zeroing_only():
+    """Issue 16: one zero plan covered every layer, so the first layer's host write after a release
+    waited for the whole memset (61 layers). The zero plan now records an event after each layer's
+    memset and a write to layer l fences layer l only; every layer's new rows still survive."""
+    store, table, streams = _store(seed=7)
+    try:
+        _fill(store, table, ["a"])
+        a_locs = table.host_locs("a").clone()
+        store.close(table.index("a"))
+        store.clear_host(a_locs)
+        zs = store.engine.zero_stream
+        assert streams.pending(zs) == LAYERS + 1               # the index copy, then one memset per layer
+        store.write_host(0, a_locs, _rows(a_locs, 9))          # the next request's layer-0 rows
+        assert streams.pending(zs) == LAYERS - 1, "a layer-0 write waited for other layers' zeroing"
+        assert int(store.host.rows[1, a_locs].count_nonzero()) > 0     # layer 1's memset still queued
+        store.write_host(1, a_locs, _rows(a_locs, 10))
+        assert streams.pending(zs) == 0 and not store._host_fence
+        streams.finish()
+        assert torch.equal(store.host.rows[0, a_locs], _rows(a_locs, 9))
+        assert torch.equal(store.host.rows[1, a_locs], _rows(a_locs, 10))
     finally:
         store.shutdown()

@@ -52,10 +52,10 @@ def _gpu_fake(decode_impl, ess_env, monkeypatch, **cfg):
         req_pool, alloc = fr.shared_pools()
         runner = cuda_runner(req_pool, alloc, LAYERS)
         backend = backend_class()(runner)
-        assert backend.store is not None and backend.dsa_decode_impl == decode_impl
+        assert backend.ess is not None and backend.dsa_decode_impl == decode_impl
         # the engine that ships with it on a GPU: the side-stream engine, its streams completing work
         # late and out of order (tests/stream_doubles.py), torch kernels
-        store = backend.store.store
+        store = backend.ess.store
         store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=LateStreams(), zero_backend="torch")
         yield backend, runner, stub
     ov.restore()
@@ -115,7 +115,7 @@ def test_gpu_fake_prefill_reads_the_right_rows_and_opens_warm_hot_buffers(gpu_fa
     _write(runner, rows, [p + 3 for p in prompts], gen)
     for err, bound in _prefill(backend, runner, rows, prompts, gen):
         assert err <= bound, f"prefill attention differs from the reference by {err:.3g} (bound {bound:.3g})"
-    store = backend.store.store
+    store = backend.ess.store
     store.engine.drain()
     assert all(bool(store.hot.is_open[r]) for r in rows), "prefill on CUDA opened no hot buffer"
     assert int(store.counters.warmup_rows.sum()) > 0, "prefill on CUDA warmed nothing"
@@ -134,7 +134,7 @@ def test_gpu_fake_reused_request_row_never_reads_the_previous_requests_rows(gpu_
     _prefill(backend, runner, [row], [first], gen)
     for step in range(2):
         _decode(backend, runner, [row], [first + 1 + step], gen)
-    backend.store.close_rows([row])                      # what SGLang's ReqToTokenPool.free_rows hook does
+    backend.ess.close_rows([row])                      # what SGLang's ReqToTokenPool.free_rows hook does
     fr.place_requests(runner.req_to_token_pool, [row], [second + 3], first_loc=fr.PAGE + 4096 // 2)
     _write(runner, [row], [second + 3], gen)             # a new request in the same row, other rows
     _prefill(backend, runner, [row], [second], gen)
@@ -148,13 +148,13 @@ def test_gpu_fake_prefill_writes_land_after_the_zeroing_of_released_rows(gpu_fak
     locations must be ordered after it (``fence_host``) on an engine that completes late (the
     fixture's stream engine: the zeroing waits on its own stream until something orders it)."""
     backend, runner, _ = gpu_fake
-    store = backend.store.store
+    store = backend.ess.store
     gen = torch.Generator().manual_seed(13)
     row, prompt = 1, 100
     fr.place_requests(runner.req_to_token_pool, [row], [prompt])
     _write(runner, [row], [prompt], gen)
     r2t = runner.req_to_token_pool.req_to_token
-    backend.store.clear_locs(r2t[row, :prompt].long())          # an earlier request's rows were released
+    backend.ess.clear_locs(r2t[row, :prompt].long())          # an earlier request's rows were released
     loc = r2t[row, prompt - CHUNK:prompt].long()
     fb = cuda_batch("EXTEND", [row], [prompt], loc, extend_lens=[CHUNK], prefix_lens=[prompt - CHUNK])
     backend.init_forward_metadata(fb)
@@ -185,8 +185,8 @@ def test_gpu_fake_tbo_child_plans_in_its_own_ring_groups(gpu_fake, monkeypatch):
     backend.init_forward_metadata(fb)
     assert backend.micro_batch_base == 2
     seen = []
-    monkeypatch.setattr(backend.store, "mode", lambda layer_id: "da")
-    monkeypatch.setattr(backend.store, "early_plan", lambda *a: seen.append(a[-1]))
+    monkeypatch.setattr(backend.ess, "mode", lambda layer_id: "da")
+    monkeypatch.setattr(backend.ess, "early_plan", lambda *a: seen.append(a[-1]))
     monkeypatch.setattr(forward_context, "get_attn_backend", lambda: backend)
     monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: runner.req_to_token_pool)
     topk = fr.causal_topk(torch.Generator().manual_seed(1), [99])
@@ -200,7 +200,7 @@ def test_gpu_fake_speculative_prefetch_is_used_and_stays_exact(gpu_fake_speculat
     misses were staged after layer 0's plan: they are read from the speculative rows, after the
     plan's wait, and attention equals the reference."""
     backend, runner, _ = gpu_fake_speculative
-    store = backend.store.store
+    store = backend.ess.store
     assert store.spec is not None and store.engine.ordered_on_device
     gen = torch.Generator().manual_seed(14)
     rows, prompts = [1, 2], [300, 260]
@@ -235,7 +235,7 @@ def gpu_fake_mtp(request, ess_env, monkeypatch):
         cls = backend_class()
         bt, bd = cls(target), cls(draft, skip_prefill=False)
         steps = [cls(draft, speculative_step_id=i, topk=1, speculative_num_steps=3) for i in range(2)]
-        for adapter in {id(b.store): b.store for b in (bt, bd)}.values():
+        for adapter in {id(b.ess): b.ess for b in (bt, bd)}.values():
             s = adapter.store
             s.engine = StreamEngine(s.memory, "torch", device="cpu", runtime=LateStreams(), zero_backend="torch")
         yield request.param, target, draft, bt, bd, steps
@@ -252,7 +252,7 @@ def test_gpu_fake_mtp_verify_draft_extend_and_draft_decode_read_the_right_rows(g
     hot, target, draft, bt, bd, steps = gpu_fake_mtp
     assert (bt.spec_role, bd.spec_role) == (ROLE_TARGET, ROLE_DRAFT_EXTEND)
     assert [s.spec_role for s in steps] == [ROLE_DRAFT_DECODE] * 2 and [s.speculative_step_id for s in steps] == [0, 1]
-    assert bt.store is not bd.store and all(s.store is bd.store for s in steps)
+    assert bt.ess is not bd.ess and all(s.ess is bd.ess for s in steps)
     gen = torch.Generator().manual_seed(21)
     rows, prompts = [1, 2, 3], [150, 90, 200]
     req_pool = target.req_to_token_pool
@@ -292,10 +292,10 @@ def test_gpu_fake_mtp_verify_draft_extend_and_draft_decode_read_the_right_rows(g
         out = bd.forward_extend(q, None, None, cuda_layer(0), fb, save_kv_cache=False, topk_indices=topk)
         check(out, reference(draft, 0, q, tok_req, topk), f"iteration {it}: draft extend")
         committed = [c + a for c, a in zip(committed, accept[it])]
-    u = bt.store.usage()
+    u = bt.ess.usage()
     assert u["spec_rows_admitted"] > 0 and u["spec_window_entries"] > 0
     assert (u["spec_overflow_entries"] > 0) == (hot < NDRAFT * fr.TOPK)
-    for adapter in (bt.store, bd.store):          # nothing at or past `committed` is resident
+    for adapter in (bt.ess, bd.ess):          # nothing at or past `committed` is resident
         for li in range(adapter.layers):
             for r, c in zip(rows, committed):
                 assert int(adapter.store.hot.slot_to_token[li, r].max()) < c
@@ -344,8 +344,8 @@ def test_gpu_fake_indexer_hook_plans_no_draft_step(gpu_fake_mtp, monkeypatch):
     seen = []
     monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: target.req_to_token_pool)
     for backend in (steps[0], bt):
-        monkeypatch.setattr(backend.store, "mode", lambda layer_id: "da")
-        monkeypatch.setattr(backend.store, "early_plan", lambda *a, _b=backend: seen.append(_b.spec_role))
+        monkeypatch.setattr(backend.ess, "mode", lambda layer_id: "da")
+        monkeypatch.setattr(backend.ess, "early_plan", lambda *a, _b=backend: seen.append(_b.spec_role))
         monkeypatch.setattr(forward_context, "get_attn_backend", lambda _b=backend: _b)
         cuda_backend._around_indexer_forward_cuda(lambda *a, **k: topk, None, None, None, None, fb, 0)
     assert seen == ["target"], f"early plans made for roles {seen}"

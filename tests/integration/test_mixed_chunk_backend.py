@@ -65,7 +65,7 @@ def _run(mixed: bool, mode: str = "EXTEND"):
             for li in range(LAYERS):
                 outs_running.append(backend.forward_decode(q_dec[li], None, None, layer(li), fb_dec,
                                                            save_kv_cache=False, topk_indices=t_dec[li]))
-    store = backend.store.store
+    store = backend.ess.store
     store.engine.drain()
     rows = torch.tensor(RUNNING)
     return (outs_running, outs_new, store.counters.hits[:, rows].clone(), store.counters.misses[:, rows].clone(),

@@ -53,10 +53,10 @@ def _both(on, off, mode_fn, q, fb, topk, li):
 def test_two_runners_read_only_their_own_rows(ess_env):
     g, req_pool, target, draft = _env()
     bt, bd = create_ess_backend(target), create_ess_backend(draft)
-    assert bt.store is lifecycle.adapter_for(target) and bd.store is lifecycle.adapter_for(draft)
-    assert bt.store is not bd.store and create_ess_backend(target).store is bt.store
-    assert bt.store.store.host is target.token_to_kv_pool.ess_host_pool
-    assert bd.store.store.host is draft.token_to_kv_pool.ess_host_pool
+    assert bt.ess is lifecycle.adapter_for(target) and bd.ess is lifecycle.adapter_for(draft)
+    assert bt.ess is not bd.ess and create_ess_backend(target).ess is bt.ess
+    assert bt.ess.store.host is target.token_to_kv_pool.ess_host_pool
+    assert bd.ess.store.host is draft.token_to_kv_pool.ess_host_pool
     ref_t, ref_d = EssSparseAttnBackend(target, None), EssSparseAttnBackend(draft, None)
     _prefill(bt, target, g, req_pool)
     _prefill(bd, draft, g, req_pool)
@@ -76,9 +76,9 @@ def test_two_runners_read_only_their_own_rows(ess_env):
         out_t1, want_t1 = _both(bt, ref_t, "forward_decode", q, fb, topk, 1)
         assert torch.equal(out_t1, want_t1)
     assert differ == 6
-    assert bt.store.usage()["rows_h2d"] > 0 and bd.store.usage()["rows_h2d"] > 0
+    assert bt.ess.usage()["rows_h2d"] > 0 and bd.ess.usage()["rows_h2d"] > 0
     lifecycle._after_free_rows(None, req_pool, ROWS)          # SGLang frees the rows once: both close
-    assert bt.store.store.open_requests == 0 and bd.store.store.open_requests == 0
+    assert bt.ess.store.open_requests == 0 and bd.ess.store.open_requests == 0
 
 
 @pytest.mark.parametrize("hot_slots", [48, 12])      # the 4-token union fits / overflows the hot buffer
@@ -88,7 +88,7 @@ def test_verify_draft_extend_draft_decode_equal_ess_off(ess_env, hot_slots):
     bt = create_ess_backend(target)
     bd_extend = create_ess_backend(draft)
     steps = EssMultiStepDraftBackend(draft, 1, 3).attn_backends
-    assert all(s.store is bd_extend.store for s in steps) and not steps[0].accepts_early_plans
+    assert all(s.ess is bd_extend.ess for s in steps) and not steps[0].accepts_early_plans
     ref_t, ref_d = EssSparseAttnBackend(target, None), EssSparseAttnBackend(draft, None)
     _prefill(bt, target, g, req_pool)
     _prefill(bd_extend, draft, g, req_pool)
@@ -118,10 +118,10 @@ def test_verify_draft_extend_draft_decode_equal_ess_off(ess_env, hot_slots):
         a, b = _both(bd_extend, ref_d, "forward_extend", q, fb, topk, 0)
         assert torch.equal(a, b), f"iteration {it}: draft extend"
         committed = [c + acc[it] for c, acc in zip(committed, accept)]
-    u = bt.store.usage()
+    u = bt.ess.usage()
     assert u["spec_rows_admitted"] > 0 and u["spec_window_entries"] > 0
     assert (u["spec_overflow_entries"] > 0) == (hot_slots < NDRAFT * TOPK)
-    for adapter in (bt.store, bd_extend.store):       # nothing at or past `committed` is resident
+    for adapter in (bt.ess, bd_extend.ess):       # nothing at or past `committed` is resident
         for li in range(adapter.layers):
             for r, c in zip(ROWS, committed):
                 assert int(adapter.store.hot.slot_to_token[li, r].max()) < c

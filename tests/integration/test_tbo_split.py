@@ -47,7 +47,7 @@ def _run(split: bool):
         for r, p in zip(ROWS, PROMPTS):
             write_rows(runner, li, r2t[r, :p], g)
     primary = create_ess_backend(runner)
-    adapter = primary.store
+    adapter = primary.ess
     store = adapter.store
     events, rings = [], {}
     plan, land = store.plan, store.land

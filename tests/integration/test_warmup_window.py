@@ -32,7 +32,7 @@ def _warmup_rows_after_prefill(ess_env, warmup_queries: int) -> int:
     for li in range(LAYERS):
         backend.forward_extend(query(g, len(qpos)), None, None, layer(li), fb, save_kv_cache=False,
                                topk_indices=causal_topk(g, qpos))
-    store = backend.store.store
+    store = backend.ess.store
     store.engine.drain()
     assert all(bool(store.hot.is_open[r]) for r in ROWS)
     return int(store.counters.warmup_rows.sum())

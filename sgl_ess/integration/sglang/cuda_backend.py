@@ -72,12 +72,12 @@ def backend_class():
                 # the draft's prefill / DRAFT_EXTEND_V2 backend is built without steps
                 self.spec_role = ROLE_DRAFT_DECODE if self.speculative_num_steps else ROLE_DRAFT_EXTEND
 
-            self.store = store_for_runner(model_runner)
+            self.ess = store_for_runner(model_runner)
             self._call = None            # the SGLang arguments of the forward in progress (kernels read them)
             self._forward = None
-            if self.store is not None:
+            if self.ess is not None:
                 cfg = model_runner.model_config
-                self._forward = StoreForward(self.store, self.req_to_token_pool, _CudaKernels(self, base), self,
+                self._forward = StoreForward(self.ess, self.req_to_token_pool, _CudaKernels(self, base), self,
                                              cfg.kv_lora_rank, cfg.qk_rope_head_dim)
 
         def init_forward_metadata(self, forward_batch):
@@ -90,7 +90,7 @@ def backend_class():
 
         def get_indexer_metadata(self, layer_id, forward_batch):
             md = super().get_indexer_metadata(layer_id, forward_batch)
-            if self.store is not None and not md.force_unfused_topk:
+            if self.ess is not None and not md.force_unfused_topk:
                 md = dataclasses.replace(md, force_unfused_topk=True)   # token positions, not locations
             return md
 
@@ -103,14 +103,14 @@ def backend_class():
 
         def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
                            topk_indices=None, **kwargs):
-            if self.store is None or topk_indices is None:
+            if self.ess is None or topk_indices is None:
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
             mode = forward_batch.forward_mode
-            self.store.fence_host(layer.layer_id)    # this layer's zeroing of released rows lands before the write
+            self.ess.fence_host(layer.layer_id)    # this layer's zeroing of released rows lands before the write
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
-                self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
+                self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
             if mode.is_target_verify() or mode.is_draft_extend_v2():
                 # MTP: the window's union through hot buffer and ring (store/verify.py), attended by
                 # _CudaKernels.gathered over the absorbed query
@@ -125,13 +125,13 @@ def backend_class():
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
                            topk_indices=None, **kwargs):
-            if self.store is None or topk_indices is None:
+            if self.ess is None or topk_indices is None:
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
-            self.store.fence_host(layer.layer_id)
+            self.ess.fence_host(layer.layer_id)
             if k is not None and save_kv_cache:
                 self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
-                self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
+                self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
             q_all = self._q_all(q, q_rope, layer)
             topk = self._pad_topk_indices(topk_indices, q_all.shape[0])
             out = self._forward.decode(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk)
@@ -176,8 +176,8 @@ class _CudaKernels:
         if impl not in SUPPORTED_DECODE_IMPLS:      # the Triton fallback: any GPU, split attention (LSE)
             from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
 
-            return sparse_mla_decode_triton(q3, slot_rows, slots, b.store.latent_layout(), layer.scaling)
-        kv = b.store.as_kv_cache(slot_rows)
+            return sparse_mla_decode_triton(q3, slot_rows, slots, b.ess.latent_layout(), layer.scaling)
+        kv = b.ess.as_kv_cache(slot_rows)
         md = b.forward_metadata
         if impl == "flashmla_kv":
             out = b._forward_flashmla_kv(q_all=q3, kv_cache=kv, v_head_dim=layer.v_head_dim, sm_scale=layer.scaling,
@@ -196,7 +196,7 @@ class _CudaKernels:
         from sgl_ess.attention.reference import attend
 
         b = self.b
-        lay = b.store.latent_layout()
+        lay = b.ess.latent_layout()
         t, k = rows.shape[0], rows.shape[1]
         lat = lay.decode(rows.reshape(t, k, -1).contiguous().view(torch.uint8))      # [T, k, D] fp32
         q3 = q.reshape(t, layer.tp_q_head_num, -1)
@@ -214,16 +214,16 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
         from sglang.srt.model_executor.forward_context import get_attn_backend
 
         backend = get_attn_backend()
-        store = getattr(backend, "store", None)
+        ess = getattr(backend, "ess", None)
         # an EAGLE draft step reads committed rows only (StoreForward plans it itself)
-        if store is not None and store.mode(layer_id) != "none" and getattr(backend, "spec_role",
+        if ess is not None and ess.mode(layer_id) != "none" and getattr(backend, "spec_role",
                                                                              ROLE_TARGET) == ROLE_TARGET:
             from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
             b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned
             if b == 0:
                 return out
-            store.early_plan(id(forward_batch), layer_id, forward_batch.req_pool_indices[:b].long(),
+            ess.early_plan(id(forward_batch), layer_id, forward_batch.req_pool_indices[:b].long(),
                              forward_batch.seq_lens[:b], out[:b], get_req_to_token_pool().req_to_token,
                              getattr(backend, "micro_batch_base", 0))   # TBO children: their own ring groups
     return out

@@ -73,7 +73,7 @@ class EssSparseAttnBackend(AttentionBackend):
     spec_role = ROLE_TARGET
     speculative_step_id = 0
 
-    def __init__(self, model_runner, store: Optional[EssPoolAdapter]):
+    def __init__(self, model_runner, ess: Optional[EssPoolAdapter]):
         super().__init__()
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
@@ -81,7 +81,7 @@ class EssSparseAttnBackend(AttentionBackend):
         cfg = model_runner.model_config
         self.kv_lora_rank = cfg.kv_lora_rank
         self.rope_dim = cfg.qk_rope_head_dim
-        self.store = store
+        self.ess = ess
         self.forward_metadata = None
         self.micro_batch_base = 0        # 2 x the Two-Batch-Overlap child index (own ring groups)
         self._store_forward: Optional[StoreForward] = None
@@ -119,14 +119,14 @@ class EssSparseAttnBackend(AttentionBackend):
     @property
     def _forward(self) -> StoreForward:
         if self._store_forward is None:
-            self._store_forward = StoreForward(self.store, self.req_to_token_pool, self, self,
+            self._store_forward = StoreForward(self.ess, self.req_to_token_pool, self, self,
                                                self.kv_lora_rank, self.rope_dim)
         return self._store_forward
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
         loc = forward_batch.out_cache_loc
-        if self.store is not None:
-            self.store.fence_host(layer.layer_id)    # released rows are zeroed before anything rewrites them
+        if self.ess is not None:
+            self.ess.fence_host(layer.layer_id)    # released rows are zeroed before anything rewrites them
         if save_kv_cache and k is not None:
             self._save(layer, forward_batch, loc, k, v)
         if topk_indices is None:
@@ -135,7 +135,7 @@ class EssSparseAttnBackend(AttentionBackend):
             if topk_indices.shape[0] < q.shape[0]:      # DP padding tokens: nothing to attend
                 pad = topk_indices.new_full((q.shape[0] - topk_indices.shape[0], topk_indices.shape[1]), -1)
                 topk_indices = torch.cat([topk_indices, pad])
-        if self.store is not None:
+        if self.ess is not None:
             return self._forward.extend(q, layer, forward_batch, topk_indices)
         lay = self._forward.layout(forward_batch)
         req_rows = forward_batch.req_pool_indices
@@ -146,14 +146,14 @@ class EssSparseAttnBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
         loc = forward_batch.out_cache_loc
-        if self.store is not None:
-            self.store.fence_host(layer.layer_id)
+        if self.ess is not None:
+            self.ess.fence_host(layer.layer_id)
         if save_kv_cache and k is not None:
             self._save(layer, forward_batch, loc, k, v)
         if topk_indices is None:
             sl = forward_batch.seq_lens.tolist()
             topk_indices = dense_topk_positions(sl, [1] * len(sl), q.device)
-        if self.store is None:
+        if self.ess is None:
             return self.prefill(q, layer, forward_batch, topk_indices, forward_batch.req_pool_indices.long(), None)
         return self._forward.decode(q, layer, forward_batch, topk_indices)
 
@@ -189,8 +189,8 @@ class EssSparseAttnBackend(AttentionBackend):
         self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
         if share is not None:
             share.after_write(layer.layer_id)
-        if self.store is not None:
-            self.store.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)   # padding not counted
+        if self.ess is not None:
+            self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)   # padding not counted
 
     def _cache_rows(self, layer) -> torch.Tensor:
         """[tokens, R+P] view of this layer's latent rows (device pool, or host pool with ESS on)."""
@@ -208,7 +208,7 @@ class EssSparseAttnBackend(AttentionBackend):
     def _attend_rows(self, q3, layer, slot_rows, slots):
         """q3 [b, H, D]; slot_rows uint8 [S, row_bytes] (the store's slot space); slots int32 [b, k]
         (-1 excluded) -> (out, lse) in float64."""
-        rows = self.store.as_latent(slot_rows)[slots.long().clamp(min=0)]
+        rows = self.ess.as_latent(slot_rows)[slots.long().clamp(min=0)]
         return attend(q3, rows, slots >= 0, self.kv_lora_rank, layer.scaling, ACC_DTYPE)
 
     def _mla(self, q, layer, rows, valid):

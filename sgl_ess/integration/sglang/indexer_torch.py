@@ -181,17 +181,17 @@ class _EarlyHandoff:
 
         self.parts = []
         backend = get_attn_backend()
-        store = getattr(backend, "store", None)
+        ess = getattr(backend, "ess", None)
         mode = forward_batch.forward_mode
-        if store is None or not mode.is_decode() or not getattr(backend, "accepts_early_plans", True):
+        if ess is None or not mode.is_decode() or not getattr(backend, "accepts_early_plans", True):
             return
-        self.store, self.fb, self.layer, self.out, self.r2t = store, forward_batch, layer_id, out, req_to_token
-        self.parts = store.early_parts(layer_id, real_rows(forward_batch).n_req)   # padding rows never planned
+        self.ess, self.fb, self.layer, self.out, self.r2t = ess, forward_batch, layer_id, out, req_to_token
+        self.parts = ess.early_parts(layer_id, real_rows(forward_batch).n_req)   # padding rows never planned
         self.base = getattr(backend, "micro_batch_base", 0)    # a TBO child's own ring groups
 
     def row_done(self, i: int) -> None:
         for p, part in enumerate(self.parts):
             if part.stop == i + 1:
                 fb = self.fb
-                self.store.early_plan(id(fb), self.layer, fb.req_pool_indices[part].long(), fb.seq_lens[part],
+                self.ess.early_plan(id(fb), self.layer, fb.req_pool_indices[part].long(), fb.seq_lens[part],
                                       self.out[part], self.r2t, self.base + p)

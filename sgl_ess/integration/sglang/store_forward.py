@@ -73,9 +73,9 @@ class StoreForward:
     """The lifecycle of one backend instance. `backend` carries the per-instance roles SGLang's
     factories set after construction: ``spec_role``, ``speculative_step_id``, ``micro_batch_base``."""
 
-    def __init__(self, store, req_to_token_pool, kernels: AttentionKernels, backend, kv_lora_rank: int,
+    def __init__(self, ess, req_to_token_pool, kernels: AttentionKernels, backend, kv_lora_rank: int,
                  rope_dim: int):
-        self.store = store
+        self.ess = ess
         self.req_to_token_pool = req_to_token_pool
         self.kernels = kernels
         self.backend = backend
@@ -132,13 +132,13 @@ class StoreForward:
                                   forward_batch.forward_mode.name)
         if not real.padded:
             topk3 = topk.reshape(b, n, topk.shape[-1])
-            return self.store.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
+            return self.ess.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
                                      lambda rows, valid: self.kernels.gathered(q, layer, rows, valid),
                                      micro_batch=self.backend.micro_batch_base)
         out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if b:
             qr = q[:b * n]
-            out[:b * n] = self.store.verify(layer.layer_id, reqs, committed, topk[:b * n].reshape(b, n, -1), self.r2t,
+            out[:b * n] = self.ess.verify(layer.layer_id, reqs, committed, topk[:b * n].reshape(b, n, -1), self.r2t,
                                             lambda rows, valid: self.kernels.gathered(qr, layer, rows, valid),
                                             micro_batch=self.backend.micro_batch_base)
         return out
@@ -151,7 +151,7 @@ class StoreForward:
             return []
         rows = forward_batch.req_pool_indices.tolist()
         n_real = real_rows(forward_batch).n_req      # a padding row points at row 0, maybe a live request's
-        return [i < n_real and n == 1 and self.store.is_open(r) for i, (n, r) in enumerate(zip(lay.n_q, rows))]
+        return [i < n_real and n == 1 and self.ess.is_open(r) for i, (n, r) in enumerate(zip(lay.n_q, rows))]
 
     def mixed(self, q, layer, forward_batch, topk, lay: QueryLayout):
         """A mixed chunked-prefill batch: prefill rows read the full history and (re)open their hot
@@ -170,7 +170,7 @@ class StoreForward:
                                                 pre_tok)
         if dec_idx:
             if layer.layer_id == 0:
-                self.store.note_mixed_decode(len(dec_idx))
+                self.ess.note_mixed_decode(len(dec_idx))
             tok = torch.tensor([first[i] for i in dec_idx], dtype=torch.int64)
             reqs = torch.tensor([rows[i] for i in dec_idx], dtype=torch.int64)
             seq_lens = torch.tensor([lay.kv_lens[i] for i in dec_idx], dtype=torch.int64)
@@ -178,7 +178,7 @@ class StoreForward:
             if layer.layer_id == 0:
                 check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "mixed decode")
             q3 = q[tok].reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
-            o = self.store.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk[tok],
+            o = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk[tok],
                                   self.kernels.newest(layer, loc), self.r2t,
                                   lambda qq, r, s: self.kernels.slots(qq, layer, r, s),
                                   single_call=self.kernels.single_call)
@@ -191,8 +191,8 @@ class StoreForward:
         return out
 
     def after_prefill(self, layer, rows, seq_lens, n_q, topk):
-        self.store.after_extend(layer.layer_id, rows, seq_lens, n_q, topk, self.r2t)
-        self.store.spec_reset(layer.layer_id, rows, seq_lens)
+        self.ess.after_extend(layer.layer_id, rows, seq_lens, n_q, topk, self.r2t)
+        self.ess.spec_reset(layer.layer_id, rows, seq_lens)
 
     # --- decode ------------------------------------------------------------------------------
     def decode(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
@@ -217,18 +217,18 @@ class StoreForward:
             if layer.layer_id == 0:     # step i writes its (speculative) row at position seq_len + i
                 check_write_positions(loc, reqs, seq_lens + b.speculative_step_id, 1, self.r2t,
                                       "EAGLE draft decode step")
-            out = self.store.decode_committed(layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
+            out = self.ess.decode_committed(layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
                                               max_admit=num_draft_tokens(forward_batch),
                                               micro_batch_base=b.micro_batch_base,
                                               single_call=self.kernels.single_call)
             return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if layer.layer_id == 0:         # the newest row decode admits is the one just written
             check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode")
-        if b.micro_batch_base and not self.store.early_parts(layer.layer_id, reqs.numel()):
+        if b.micro_batch_base and not self.ess.early_parts(layer.layer_id, reqs.numel()):
             # a TBO child at level none (no indexer hand-off): plan now, in this child's ring groups
-            self.store.early_plan(id(forward_batch), layer.layer_id, reqs, seq_lens, topk, self.r2t,
+            self.ess.early_plan(id(forward_batch), layer.layer_id, reqs, seq_lens, topk, self.r2t,
                                   b.micro_batch_base)
-        out = self.store.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
+        out = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
                                 self.kernels.newest(layer, loc), self.r2t, attend,
                                 single_call=self.kernels.single_call)
         return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)

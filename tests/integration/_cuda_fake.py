@@ -8,6 +8,7 @@ Swapped (and nothing else):
     ``flash_mla_with_kvcache``, ``flash_mla_sparse_fwd``) -> ``ref_sparse_mla`` (torch, fp32);
   * ``dsa_backend.quantize_k_cache`` -> identity (the fake pool holds BF16 rows, not FP8);
   * ``dsa_backend.seqlens_expand_triton`` (MTP metadata) -> ``ref_seqlens_expand`` (torch);
+  * our Triton sparse-MLA decode (``sgl_ess.kernels.sparse_mla_triton``) -> its torch reference;
   * ``torch.cuda.get_device_capability`` -> (9, 0) (an H200), and the top-k v2 planner off
     (``SGLANG_OPT_USE_TOPK_V2=0``: it JIT-compiles CUDA).
 The runner is tests/integration/_fake_runner.py's, plus the attributes SGLang's DSA backend reads.
@@ -88,6 +89,10 @@ def install_gpu_fakes(monkeypatch, decode_impl: str = "flashmla_kv", prefill_imp
     monkeypatch.setitem(sys.modules, FLASH_MLA_MODULE, stub)
     monkeypatch.setattr(mod, "quantize_k_cache", lambda kv, dv=None: kv)
     monkeypatch.setattr(mod, "seqlens_expand_triton", ref_seqlens_expand)
+    from sgl_ess.attention.reference import sparse_mla_decode
+    from sgl_ess.kernels import sparse_mla_triton
+
+    monkeypatch.setattr(sparse_mla_triton, "sparse_mla_decode_triton", sparse_mla_decode)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
     monkeypatch.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
     ov = get_context().override_server_args(dsa_decode_backend=decode_impl, dsa_prefill_backend=prefill_impl,

@@ -349,3 +349,38 @@ def test_gpu_fake_indexer_hook_plans_no_draft_step(gpu_fake_mtp, monkeypatch):
         monkeypatch.setattr(forward_context, "get_attn_backend", lambda _b=backend: _b)
         cuda_backend._around_indexer_forward_cuda(lambda *a, **k: topk, None, None, None, None, fb, 0)
     assert seen == ["target"], f"early plans made for roles {seen}"
+
+
+def test_gpu_fake_mixed_chunk_prefill_rows_and_riding_decode_rows(gpu_fake):
+    """Mixed chunked prefill on CUDA (was refused at launch): one batch holds a new request's
+    prefill chunk and two running requests riding along with one token each. The chunk runs
+    SGLang's extend kernel (riding rows masked out), the riding rows the store's decode path - their
+    hot buffers stay open and warm - and every output equals the dense reference."""
+    backend, runner, stub = gpu_fake
+    store = backend.ess.store
+    gen = torch.Generator().manual_seed(15)
+    running, prompts, new_row, new_prompt = [1, 2], [150, 90], 3, 2 * CHUNK
+    fr.place_requests(runner.req_to_token_pool, running + [new_row], [p + 4 for p in prompts] + [new_prompt])
+    _write(runner, running + [new_row], [p + 4 for p in prompts] + [new_prompt], gen)
+    _prefill(backend, runner, running, prompts, gen)
+    r2t = runner.req_to_token_pool.req_to_token
+    for step in range(2):
+        seq = [p + 1 + step for p in prompts]
+        end = (step + 1) * CHUNK
+        loc = torch.cat([r2t[new_row, end - CHUNK:end], torch.stack([r2t[r, s - 1] for r, s in zip(running, seq)])])
+        fb = cuda_batch("EXTEND", [new_row] + running, [end] + seq, loc.long(), extend_lens=[CHUNK, 1, 1],
+                        prefix_lens=[end - CHUNK] + [s - 1 for s in seq])
+        backend.init_forward_metadata(fb)
+        qpos = list(range(end - CHUNK, end)) + [s - 1 for s in seq]
+        tok_req = torch.tensor([new_row] * CHUNK + running)
+        hits_before = int(store.counters.hits.sum())
+        for li in range(LAYERS):
+            topk = fr.causal_topk(gen, qpos)
+            q = fr.query(gen, len(qpos))
+            out = backend.forward_extend(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
+            want = reference(runner, li, q, tok_req, topk)
+            err = float((out.float().reshape(want.shape) - want).abs().max())
+            assert err <= _bound(want), f"mixed step {step} layer {li}: {err:.3g} from the reference"
+        assert all(bool(store.hot.is_open[r]) for r in running + [new_row])
+        assert int(store.counters.hits.sum()) > hits_before, "the riding rows did not go through their hot buffers"
+    assert backend.ess.spec_usage()["mixed_decode_rows"] == 2 * 2

@@ -58,15 +58,19 @@ def test_speculative_algorithm_enum_is_read_by_name():
 @pytest.mark.parametrize("args, needles", [
     (_args(**EAGLE, speculative_draft_attention_backend="triton"),
      ["--speculative-draft-attention-backend triton", "CUDA", "DSA backend"]),
-    (_args(enable_mixed_chunk=True), ["--enable-mixed-chunk", "CUDA"]),
 ])
 def test_refused_on_cuda_until_the_store_serves_them(args, needles):
-    """Mixed chunks on CUDA go around the store (refused at launch); an MTP draft on another backend
-    than SGLang's DSA one would read the host pool over PCIe."""
+    """An MTP draft on another backend than SGLang's DSA one would read the host pool over PCIe."""
     msg = " ".join(refusals(args, EssConfig(), has_cuda=True))
     for n in needles:
         assert n in msg, f"{n!r} missing from: {msg}"
     assert refusals(args, EssConfig(enabled=False), has_cuda=True) == []
+
+
+def test_mixed_chunk_served_on_cuda_through_the_store():
+    """Riding decode rows of a mixed chunked-prefill batch take the store's decode path on CUDA too
+    (tests/integration/test_cuda_backend_gpu_fake.py), so --enable-mixed-chunk is no longer refused."""
+    assert refusals(_args(enable_mixed_chunk=True), EssConfig(), has_cuda=True) == []
 
 
 @pytest.mark.parametrize("draft_backend", [None, "dsa"])

@@ -11,7 +11,7 @@ ValueError, which ``python -m sgl_ess.launch_server`` reports as "SGLang refused
 What is served with ESS on: EAGLE / NEXTN (the model's MTP layer) with one chain of draft tokens
 (``--speculative-eagle-topk 1``), the draft runner on the ``ess`` backend on CPU and on SGLang's DSA
 backend (ESS's subclass) on CUDA, each with its own store; mixed chunked prefill without
-speculation (CPU only). Two-Batch Overlap's per-micro-batch path is built (child
+speculation. Two-Batch Overlap's per-micro-batch path is built (child
 backends with their own ring groups) but SGLang only runs TBO with expert parallelism or DP
 attention across GPUs.
 """
@@ -84,9 +84,6 @@ def refusals(args: Any, cfg: EssConfig, has_cuda: bool) -> list[str]:
             out.append(f"--speculative-draft-attention-backend {draft_backend} with ESS on CUDA: the draft runner must "
                        "use SGLang's DSA backend (ESS's subclass, its own store); another backend would read the "
                        "host pool over PCIe. Drop the flag")
-    if has_cuda and getattr(args, "enable_mixed_chunk", False):
-        out.append("--enable-mixed-chunk with ESS on CUDA: requests riding in a mixed batch are not served by the "
-                   "CUDA backend's store path yet; drop --enable-mixed-chunk")
     if tbo and not has_cuda:
         out.append("--enable-two-batch-overlap with ESS on this CPU-only machine: SGLang runs TBO only with expert "
                    "parallelism (--moe-a2a-backend deepep) or DP attention across GPUs; the per-micro-batch ESS path "

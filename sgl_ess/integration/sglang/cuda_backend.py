@@ -23,8 +23,9 @@ its roles follow the constructor (draft steps: DRAFT_DECODE, reading committed r
 draft's prefill / DRAFT_EXTEND_V2 backend: DRAFT_EXTEND), and TARGET_VERIFY / DRAFT_EXTEND_V2 go
 through the store's union (store/verify.py: hot buffer and ring; the window's own rows and any
 overflow read through the pinned pool's zero-copy view, counted), attended by a torch attention
-over the decoded rows (``_CudaKernels.gathered``). Not served on CUDA yet, refused at launch
-(compat.py): mixed chunked prefill. Decode CUDA graphs: the path has no host sync and
+over the decoded rows (``_CudaKernels.gathered``). Mixed chunked prefill: the prefill rows run
+SGLang's extend kernel (the riding decode rows' top-k masked out), the riding decode rows the
+store's decode path. Decode CUDA graphs: the path has no host sync and
 static shapes by design, but capture is unverified, so the launcher disables CUDA graphs with ESS
 on (``--cuda-graph-backend-{decode,prefill} disabled``; a graph flag of the user's is kept).
 """
@@ -117,9 +118,12 @@ def backend_class():
                 q_all = self._q_all(q, q_rope, layer)
                 out = self._forward.extend(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk_indices)
                 return out.view(q_all.shape[0], layer.tp_q_head_num, -1)
-            self._call = (q, v, q_rope, kwargs)
+            # the prefill kernel reads SGLang's own arguments (_call); the store path (riding decode
+            # rows of a mixed chunked-prefill batch) reads the absorbed query
+            self._call = (q, v, q_rope, kwargs, topk_indices)
             try:
-                return self._forward.extend(q, layer, forward_batch, topk_indices)
+                q_all = self._q_all(q, q_rope, layer)
+                return self._forward.extend(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk_indices)
             finally:
                 self._call = None
 
@@ -155,28 +159,41 @@ class _CudaKernels:
         return self.b.dsa_decode_impl in SUPPORTED_DECODE_IMPLS
 
     def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx):
-        if token_idx is not None:
-            raise NotImplementedError("ESS on CUDA: a mixed chunked-prefill batch is not served yet; the launcher "
-                                      "refuses --enable-mixed-chunk with ESS on CUDA")
+        """SGLang's extend kernel over the whole batch (its metadata is the batch's). In a mixed
+        chunked-prefill batch (`token_idx`: the prefill rows' tokens) the riding decode rows' top-k
+        are masked to -1, so the kernel reads nothing for them (the store serves them), and only the
+        prefill rows' outputs are returned."""
         b = self.b
-        q_orig, v, q_rope, kwargs = b._call
+        q_orig, v, q_rope, kwargs, topk_all = b._call
         topk = topk_pos
+        if token_idx is not None:
+            topk = torch.full_like(topk_all, -1)
+            topk[token_idx] = topk_pos.to(topk.dtype)
+            tok_req = torch.zeros(topk.shape[0], dtype=tok_req.dtype, device=tok_req.device).index_copy_(
+                0, token_idx.to(tok_req.device), tok_req)
         if b.use_fused_topk:
             # SGLang's fused-top-k prefill reads the top-k as pool locations; the store's indexer
             # hands over token positions (force_unfused_topk), so map them through req_to_token
             r2t = b.req_to_token_pool.req_to_token
-            locs = r2t[tok_req[:, None], topk_pos.long().clamp(min=0)]
-            topk = torch.where(topk_pos >= 0, locs.to(topk_pos.dtype), torch.full_like(topk_pos, -1))
-        return self.base.forward_extend(b, q_orig, None, v, layer, forward_batch, False, q_rope=q_rope,
-                                        k_rope=None, topk_indices=topk, **kwargs)
+            locs = r2t[tok_req[:, None], topk.long().clamp(min=0)]
+            topk = torch.where(topk >= 0, locs.to(topk.dtype), torch.full_like(topk, -1))
+        out = self.base.forward_extend(b, q_orig, None, v, layer, forward_batch, False, q_rope=q_rope,
+                                       k_rope=None, topk_indices=topk, **kwargs)
+        if token_idx is None:
+            return out
+        return out.reshape(out.shape[0], -1)[token_idx.to(out.device)]
 
     def slots(self, q3, layer, slot_rows, slots):
         b = self.b
         impl = b.dsa_decode_impl
-        if impl not in SUPPORTED_DECODE_IMPLS:      # the Triton fallback: any GPU, split attention (LSE)
-            from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
+        # the Triton decode: any GPU, split attention (LSE); also the riding decode rows of a mixed
+        # chunked-prefill batch (b._call set: inside an extend), for which SGLang's extend metadata
+        # holds no FlashMLA decode metadata
+        if impl not in SUPPORTED_DECODE_IMPLS or b._call is not None:
+            from sgl_ess.kernels import sparse_mla_triton
 
-            return sparse_mla_decode_triton(q3, slot_rows, slots, b.ess.latent_layout(), layer.scaling)
+            return sparse_mla_triton.sparse_mla_decode_triton(q3, slot_rows, slots, b.ess.latent_layout(),
+                                                              layer.scaling)
         kv = b.ess.as_kv_cache(slot_rows)
         md = b.forward_metadata
         if impl == "flashmla_kv":

@@ -122,8 +122,11 @@ def backend_class():
             # rows of a mixed chunked-prefill batch) reads the absorbed query
             self._call = (q, v, q_rope, kwargs, topk_indices)
             try:
-                q_all = self._q_all(q, q_rope, layer)
-                return self._forward.extend(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk_indices)
+                q_in = q                 # a plain prefill never reads it here: no [T, H, D] copy per layer
+                if any(self._forward.riding(forward_batch, self._forward.layout(forward_batch))):
+                    q_all = self._q_all(q, q_rope, layer)
+                    q_in = q_all.reshape(q_all.shape[0], -1)
+                return self._forward.extend(q_in, layer, forward_batch, topk_indices)
             finally:
                 self._call = None
 

@@ -20,10 +20,31 @@ STARTUP_TIMEOUT_S = 480  # a loaded 2-core machine can take minutes (tokenizer +
 TEST_ADMIN_KEY = "sgl-ess-test-admin-key"   # operator routes (flush, abort, overlap level) need one
 
 
-def free_port() -> int:
+# SGLang derives TCP ports from --port (DP attention: port + 233 .. + 233 + 6 + DP ranks) and from
+# --dist-init-addr (its port + 1 ..); another test server's gloo port, bound anywhere, must not sit
+# there, or the new server stops with "scheduler_input_port ... is used by a process already"
+# (seen once in a full run). So a port is handed out only when those neighbours are free too.
+_DERIVED = [1, 2, 3, 4, 5, 6, 7, 8] + [233 + i for i in range(16)]
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A free 127.0.0.1 port whose SGLang-derived neighbours (see _DERIVED) are free as well."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + max(_DERIVED) <= 65535 and all(_bindable(port + d) for d in _DERIVED):
+            return port
+    raise RuntimeError("no free port with free SGLang-derived neighbours in 200 tries")
 
 
 class Server:

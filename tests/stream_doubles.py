@@ -121,3 +121,24 @@ class LateStreams:
             raise AssertionError("waiting on an event no stream will ever record")
         while not ev.finished:
             self._step(owner)
+
+
+class LaggedStreams(LateStreams):
+    """LateStreams whose compute stream also runs ahead of the host: an event recorded on it (the
+    end of an asynchronous device -> host copy, store/host_feed.py) completes only after `lag`
+    more events were recorded there - as a GPU that finishes a layer's top-k while the host has
+    already queued later layers."""
+
+    def __init__(self, seed: int = 0, lag: int = 2):
+        super().__init__(seed)
+        self.lag = lag
+        self._compute_events: list = []
+
+    def record(self, stream):
+        if stream is not self.compute:
+            return super().record(stream)
+        ev = FakeEvent()
+        self._compute_events.append(ev)
+        if len(self._compute_events) > self.lag:
+            self._compute_events.pop(0).finished = True
+        return ev

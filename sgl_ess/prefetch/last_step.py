@@ -19,13 +19,16 @@ class LastStepPredictor(Predictor):
         super().__init__(ctx)
         self.last: dict[int, dict[int, np.ndarray]] = {}      # req -> layer -> positions
 
-    def predict(self, layer, num_layers, reqs, seq_lens, topk):
+    def learn(self, layer, num_layers, reqs, seq_lens, topk):
         r, tk = as_numpy(reqs).tolist(), as_numpy(topk)
         for i, req in enumerate(r):
             row = tk[i]
             self.last.setdefault(req, {})[layer] = row[row >= 0].copy()
+
+    def forecast(self, layer, num_layers, reqs):
         target = (layer + 1) % num_layers
-        return target, pad_rows([self.last.get(req, {}).get(target, np.empty(0, np.int64)) for req in r])
+        return target, pad_rows([self.last.get(req, {}).get(target, np.empty(0, np.int64))
+                                 for req in as_numpy(reqs).tolist()])
 
     def forget(self, req: int) -> None:
         self.last.pop(int(req), None)

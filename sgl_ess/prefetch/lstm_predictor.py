@@ -74,11 +74,12 @@ class LstmPredictor(Predictor):
         cand = cand[np.argsort(-p[cand], kind="stable")][:self.max_predictions]
         return t.pos[cand]
 
-    def predict(self, layer, num_layers, reqs, seq_lens, topk):
-        r = as_numpy(reqs).tolist()
-        self.observe(layer, num_layers, r, as_numpy(seq_lens), as_numpy(topk))
+    def learn(self, layer, num_layers, reqs, seq_lens, topk):
+        self.observe(layer, num_layers, as_numpy(reqs).tolist(), as_numpy(seq_lens), as_numpy(topk))
+
+    def forecast(self, layer, num_layers, reqs):
         target = (layer + 1) % num_layers
-        return target, pad_rows([self.ranked(req, target) for req in r])
+        return target, pad_rows([self.ranked(req, target) for req in as_numpy(reqs).tolist()])
 
     def forget(self, req: int) -> None:
         self.tables.pop(int(req), None)

@@ -56,7 +56,18 @@ class Predictor:
     def predict(self, layer: int, num_layers: int, reqs, seq_lens, topk):
         """Layer `layer` planned with top-k `topk` [b, k] (int, -1 padded) for requests `reqs` [b]
         at `seq_lens` [b] (torch or numpy, any device). -> (target_layer, positions int64 [b, m],
-        -1 padded, best first) or None. May update per-request state."""
+        -1 padded, best first) or None. May update per-request state. A host predictor is `learn`
+        then `forecast`; the CUDA stager calls the two apart (it learns from top-k a little late)."""
+        self.learn(layer, num_layers, reqs, seq_lens, topk)
+        return self.forecast(layer, num_layers, reqs)
+
+    def learn(self, layer: int, num_layers: int, reqs, seq_lens, topk) -> None:
+        """Update the per-request state from layer `layer`'s selection (host tensors or arrays)."""
+        raise NotImplementedError
+
+    def forecast(self, layer: int, num_layers: int, reqs):
+        """After layer `layer` planned: (target_layer, positions int64 [b, m], -1 padded, best first)
+        for requests `reqs` [b] from the state alone, or None."""
         raise NotImplementedError
 
     def forget(self, req: int) -> None:

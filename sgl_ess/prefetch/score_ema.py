@@ -35,7 +35,7 @@ class ScoreEmaPredictor(Predictor):
             per[layer] = PositionTable(1, self.horizon, self.capacity)
         return per[layer]
 
-    def predict(self, layer, num_layers, reqs, seq_lens, topk):
+    def learn(self, layer, num_layers, reqs, seq_lens, topk):
         r, tk = as_numpy(reqs).tolist(), as_numpy(topk)
         for i, req in enumerate(r):
             t = self._table(req, layer)
@@ -43,8 +43,10 @@ class ScoreEmaPredictor(Predictor):
             s = t.state[:, 0]
             s *= 1.0 - self.alpha
             s[t.x] += self.alpha
+
+    def forecast(self, layer, num_layers, reqs):
         target = (layer + 1) % num_layers
-        return target, pad_rows([self.ranked(req, target) for req in r])
+        return target, pad_rows([self.ranked(req, target) for req in as_numpy(reqs).tolist()])
 
     def ranked(self, req: int, layer: int) -> np.ndarray:
         t = self.tables.get(req, {}).get(layer)

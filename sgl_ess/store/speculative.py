@@ -85,6 +85,7 @@ class SpeculativeStager:
         self._flush_every = max(1, self.gate.window // 4)
         self._feeds_for = None            # the engine the feeds below were made for (tests swap engines)
         self._inputs: HostFeed | None = None
+        self._latest: dict[int, tuple] = {}   # micro-batch -> its latest batch seen by the host predictor
         self._counts: HostFeed | None = None
 
     # --- counts (device tensors; read only by stats) -----------------------------------------
@@ -135,28 +136,56 @@ class SpeculativeStager:
     def after_plan(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
                    req_to_host: torch.Tensor, micro_batch: int = 0) -> None:
         """Layer `layer` planned top-k `topk` [b, k] of requests `reqs` [b]: predict and stage. On a
-        device-ordered engine a host predictor gets this plan's inputs once their copy has reached
-        the host, and predicts from the plans whose copies have arrived by now."""
+        device-ordered engine a host predictor learns from each plan's top-k once its copy has
+        reached the host (a layer or more later), and forecasts the next layer from that state for
+        the latest batch it has seen of this micro-batch - at most one staging per call."""
         if getattr(self.predictor, "host_inputs", True) and self._ordered:
             inputs, _ = self._feeds()
-            inputs.push((layer, micro_batch), (reqs, seq_lens, topk))
-            for (lay, mb), (r, s, t) in inputs.ready():
-                self._predict_and_stage(lay, r, s, t, req_to_host, mb)
+            inputs.push((layer, micro_batch, reqs.to(torch.int64).clone(), seq_lens.to(torch.int64).clone()),
+                        (reqs, seq_lens, topk))
+            t0 = time.perf_counter()
+            for (lay, mb, r_dev, s_dev), (r, s, t) in inputs.ready():
+                self.predictor.learn(lay, self.store.cfg.num_layers, r, s, t)
+                self._latest[mb] = (r, r_dev, s_dev)
+            latest = self._latest.get(micro_batch)
+            if latest is None:
+                self.predict_us += (time.perf_counter() - t0) * 1e6
+                return
+            r, r_dev, s_dev = latest
+            pred = self.predictor.forecast(layer, self.store.cfg.num_layers, r)
+            self.predict_us += (time.perf_counter() - t0) * 1e6
+            self.predict_calls += 1
+            self._stage(pred, r_dev, s_dev, req_to_host, micro_batch)
             return
         self._predict_and_stage(layer, reqs, seq_lens, topk, req_to_host, micro_batch)
 
     def _predict_and_stage(self, layer, reqs, seq_lens, topk, req_to_host, micro_batch) -> None:
-        st = self.store
         t0 = time.perf_counter()
-        pred = self.predictor.predict(layer, st.cfg.num_layers, reqs, seq_lens, topk)
+        pred = self.predictor.predict(layer, self.store.cfg.num_layers, reqs, seq_lens, topk)
         self.predict_us += (time.perf_counter() - t0) * 1e6
         self.predict_calls += 1
+        self._stage(pred, reqs, seq_lens, req_to_host, micro_batch)
+
+    def _to_device(self, x) -> torch.Tensor:
+        """int64 on the store's device; a host array goes through pinned memory without a wait."""
+        dev = self.store.device
+        x = torch.as_tensor(x)
+        if x.device == dev:
+            return x.to(torch.int64)
+        x = x.to(torch.int64)
+        if dev.type == "cuda":
+            return x.pin_memory().to(dev, non_blocking=True)
+        return x.to(dev)
+
+    def _stage(self, pred, reqs, seq_lens, req_to_host, micro_batch) -> None:
+        """Stage a prediction (target layer, positions [b, m]) for requests `reqs` [b] at `seq_lens`."""
         if pred is None:
             return
+        st = self.store
         target, pos = pred
-        reqs = torch.as_tensor(reqs).to(st.device, torch.int64)
-        seq_lens = torch.as_tensor(seq_lens).to(st.device, torch.int64)
-        pos = torch.as_tensor(pos).to(st.device, torch.int64)
+        reqs = self._to_device(reqs)
+        seq_lens = self._to_device(seq_lens)
+        pos = self._to_device(pos)
         parity = target % 2
         # stale, never claimed: this micro-batch's own older stagings of the parity, and another's
         # made before this micro-batch's previous turn on the parity (that one stopped planning)
@@ -297,4 +326,5 @@ class SpeculativeStager:
         self.born.clear()
         if self._inputs is not None:
             self._inputs.clear()
+        self._latest.clear()
         self.predictor.forget(req)

@@ -20,7 +20,7 @@ def _attend(q, rows, slots):
 
 
 def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, speculative="off", cross_layer=0.0,
-         corrupt_spec=False, progress=3):
+         corrupt_spec=False, progress=3, host_lag=0):
     g = torch.Generator().manual_seed(seed)
     store, table = make_store(layers=LAYERS, row_bytes=LAY.row_bytes, host_tokens=sum(CONTEXTS) + 8 * STEPS,
                               n=N, max_requests=8, k=K, max_context=1024, ring_slots=ring_slots,
@@ -29,9 +29,9 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, specul
     streams = None
     if engine == "stream_gpu_fake":     # the CUDA StreamEngine, its streams late and out of order, torch kernels
         from sgl_ess.prefetch.stream_engine import StreamEngine
-        from tests.stream_doubles import LateStreams
+        from tests.stream_doubles import LaggedStreams, LateStreams
 
-        streams = LateStreams(seed)
+        streams = LaggedStreams(seed, host_lag) if host_lag else LateStreams(seed)
         store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=streams, zero_backend="torch")
     ids = [f"r{i}" for i in range(len(CONTEXTS))]
     full = {}

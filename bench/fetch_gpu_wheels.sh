@@ -14,7 +14,8 @@
 #   * sgl-flash-mla (~10 MB, FlashMLA) unless --with-flashmla: it declares torch>=2.14.1 and the
 #     GPU machine has 2.11, so whether it loads there is one of the things the check reports.
 # Prints each wheel's size, the total, the working tree's size and what is left of the 64 MiB that
-# travel; exits 3 if the bundle plus the tree is over the budget (nothing is silently dropped).
+# travel; exits 3 if the bundle plus the tree is over the budget (nothing is silently dropped), 4 if a
+# wheel was not found for cp312, 2 on a bad argument.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLASHMLA=0
@@ -63,7 +64,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 missing=()
 for s in "${specs[@]}"; do
   n=$(norm "${s%%==*}")
-  ls .whl | tr 'A-Z_.' 'a-z--' | grep -q "^${n}-" || missing+=("$s")
+  ls .whl | tr 'A-Z_.' 'a-z--' | grep -q "^${n}-[0-9]" || missing+=("$s")
 done
 ls -l .whl | awk 'NR>1 {printf "  %8.2f MiB  %s\n", $5/1048576, $9}'
 bundle=$(du -cb .whl/*.whl 2>/dev/null | tail -1 | cut -f1)

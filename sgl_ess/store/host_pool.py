@@ -47,23 +47,10 @@ class HostLatentPool:
 
             self.registration = register_host(self.rows)
         self.pinned = pin
-        self._device_rows: torch.Tensor | None = None
         # free stack: _free[:_n_free] are free locations
         self._free = torch.arange(capacity_tokens - 1, -1, -1, dtype=torch.int64)
         self._n_free = capacity_tokens
         self._allocated = torch.zeros(capacity_tokens, dtype=torch.bool)
-
-    def rows_for(self, device: torch.device) -> torch.Tensor:
-        """uint8 [L, capacity, row_bytes] readable by kernels on `device`: the rows themselves on
-        the host; on CUDA their zero-copy view (pinned rows, made once), so a gather reads only the
-        rows it indexes over PCIe and the host never waits for the device."""
-        if device.type != "cuda":
-            return self.rows
-        if self._device_rows is None:
-            from sgl_ess.kernels.uva import device_view
-
-            self._device_rows = device_view(self.rows)
-        return self._device_rows
 
     # --- allocation -------------------------------------------------------------------
     @property

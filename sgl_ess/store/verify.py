@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_ess.kernels.flashtrans import copy_rows
 from sgl_ess.store.step_plan import StepPlan
 
 
@@ -145,16 +146,20 @@ def plan_union(store, layer: int, reqs: torch.Tensor, committed: torch.Tensor, t
 
 def gather_rows(store, plan: UnionPlan, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The bytes every entry of a landed `plan` reads: uint8 [b*n, k, row_bytes] (hot slots and
-    ring rows from the slot space, window and overflow entries from the host pool - on CUDA its
-    zero-copy view, an explicit choice the adapter counts: spec_window / spec_overflow_entries)
+    ring rows from the slot space, window and overflow entries from the host pool - on CUDA read
+    zero-copy by FlashTrans, only those entries: an explicit choice the adapter counts,
+    spec_window / spec_overflow_entries)
     and valid bool
     [b*n, k]. Call after `store.land(plan.step)`."""
     from_host = plan.host_locs >= 0
-    slot = store.slot_rows[plan.read_slots.long().clamp(min=0)]
-    # on CUDA through the pinned pool's zero-copy view: only these entries cross PCIe, no host sync
-    rows = store.host.rows_for(slot.device)[layer]
-    host = rows[plan.host_locs.clamp(min=0).to(rows.device)].to(slot.device)
-    return torch.where(from_host.unsqueeze(-1), host, slot), (plan.read_slots >= 0) | from_host
+    out = store.slot_rows[plan.read_slots.long().clamp(min=0)]                 # [b*n, k, row_bytes]
+    # the window / overflow entries over them, from the host pool: FlashTrans copies only the
+    # entries >= 0 (on CUDA zero-copy: only these rows cross PCIe; static shapes, no host sync)
+    flat = out.view(-1, out.shape[-1])
+    locs = plan.host_locs.reshape(-1)
+    dst = torch.where(locs >= 0, torch.arange(locs.numel(), device=locs.device), -1)
+    copy_rows(store.host.rows[layer], locs, flat, dst.to(flat.device), store.transfer_backend)
+    return out, (plan.read_slots >= 0) | from_host
 
 
 class CommittedRows:

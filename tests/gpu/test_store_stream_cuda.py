@@ -165,14 +165,3 @@ def test_speculative_tier_does_not_sync_the_host(predictor):
     torch.cuda.synchronize()
     assert store.spec.predict_calls > 0
     store.shutdown()
-
-
-def test_host_rows_zero_copy_view_gathers_on_the_device():
-    """MTP verify reads its window rows through the pinned pool's zero-copy view (store/verify.py)."""
-    store, _ = _store()
-    rows = store.host.rows
-    rows[1, :100] = torch.randint(0, 256, (100, rows.shape[2]), dtype=torch.uint8)
-    view = store.host.rows_for(torch.device("cuda"))
-    idx = torch.tensor([5, 0, 99, 42], device="cuda")
-    assert view.is_cuda and torch.equal(view[1][idx].cpu(), rows[1][idx.cpu()])
-    store.shutdown()

@@ -53,9 +53,9 @@ def hook(monkeypatch):
     return cuda_memory, spec
 
 
-def _store_bytes(layers: int) -> int:
+def _store_bytes(layers: int, rows: int = 8) -> int:
     cfg = StoreConfig(num_layers=layers, row_bytes=656, host_capacity_tokens=1, hot_slots_per_request=20,
-                      max_requests=8, topk=8, max_context_tokens=1024)      # 7 running + SGLang's padding row
+                      max_requests=rows, topk=8, max_context_tokens=1024)   # 7 running + SGLang's padding row
     return sum(cfg.device_allocation().values())
 
 
@@ -83,3 +83,24 @@ def test_pool_budget_too_small_for_the_store_stops_with_the_fix(hook):
         cuda_memory._around_profile_available_bytes(lambda self, pre: _store_bytes(4) - 1, _kvc(), 0)
     for needle in ("--ess-hot-slots-per-request", "--max-running-requests", "--mem-fraction-static"):
         assert needle in str(e.value)
+
+
+def test_pool_budget_per_dp_attention_worker(hook):
+    """Each DP-attention worker serves --max-running-requests / attn_dp_size requests (SGLang's rule):
+    7 // 2 = 3 running + the padding row."""
+    cuda_memory, _ = hook
+    kvc = _kvc()
+    kvc.attn_dp_size = 2
+    assert cuda_memory._around_profile_available_bytes(lambda self, pre: 1 << 30, kvc, 0) == (1 << 30) - _store_bytes(4, 4)
+
+
+def test_a_store_larger_than_its_reservation_is_reported(hook, caplog):
+    from sgl_ess.integration.sglang import device_budget
+
+    cuda_memory, _ = hook
+    cuda_memory._around_profile_available_bytes(lambda self, pre: 1 << 30, _kvc(), 0)
+    with caplog.at_level("WARNING"):
+        device_budget.note_store("target", _store_bytes(4))
+        assert not caplog.records
+        device_budget.note_store("target", _store_bytes(4, 12))     # e.g. a PD decode node's extra rows
+    assert "set aside" in caplog.text and "--max-running-requests" in caplog.text

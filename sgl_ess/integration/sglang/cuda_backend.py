@@ -22,7 +22,7 @@ MTP (EAGLE / NextN, one chain): SGLang's draft factory builds this class for the
 its roles follow the constructor (draft steps: DRAFT_DECODE, reading committed rows only; the
 draft's prefill / DRAFT_EXTEND_V2 backend: DRAFT_EXTEND), and TARGET_VERIFY / DRAFT_EXTEND_V2 go
 through the store's union (store/verify.py: hot buffer and ring; the window's own rows and any
-overflow read through the pinned pool's zero-copy view, counted), attended by a torch attention
+overflow read zero-copy by FlashTrans, only those entries, counted), attended by a torch attention
 over the decoded rows (``_CudaKernels.gathered``). Mixed chunked prefill: the prefill rows run
 SGLang's extend kernel (the riding decode rows' top-k masked out), the riding decode rows the
 store's decode path. Decode CUDA graphs: the path has no host sync and
@@ -44,6 +44,7 @@ from .store_forward import StoreForward
 logger = logging.getLogger(__name__)
 
 SUPPORTED_DECODE_IMPLS = ("flashmla_kv", "flashmla_sparse")
+GATHERED_CHUNK_BYTES = 64 << 20      # MTP verify: decoded fp32 rows per chunk (outside SGLang's pool budget)
 
 _cls = None
 
@@ -84,7 +85,7 @@ def backend_class():
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
             if self._forward is not None:
-                self._forward._layout_of = None
+                self._forward._layout_of = self._forward._riding_of = None
             rng = getattr(forward_batch, "tbo_parent_token_range", None)
             if rng is not None:         # a Two-Batch-Overlap child: its own ring groups (as on CPU)
                 self.micro_batch_base = 0 if rng[0] == 0 else 2
@@ -218,10 +219,14 @@ class _CudaKernels:
         b = self.b
         lay = b.ess.latent_layout()
         t, k = rows.shape[0], rows.shape[1]
-        lat = lay.decode(rows.reshape(t, k, -1).contiguous().view(torch.uint8))      # [T, k, D] fp32
         q3 = q.reshape(t, layer.tp_q_head_num, -1)
-        out, _ = attend(q3, lat, valid, layer.v_head_dim, layer.scaling, torch.float32)
-        return out.to(q.dtype).reshape(t, -1)
+        out = q.new_empty(t, layer.tp_q_head_num * layer.v_head_dim)
+        step = max(1, GATHERED_CHUNK_BYTES // max(1, k * lay.dim * 4))     # fp32 rows per chunk: bounded
+        for i in range(0, t, step):
+            lat = lay.decode(rows[i:i + step].contiguous().view(torch.uint8))     # [t', k, D] fp32
+            o, _ = attend(q3[i:i + step], lat, valid[i:i + step], layer.v_head_dim, layer.scaling, torch.float32)
+            out[i:i + step] = o.to(q.dtype).reshape(o.shape[0], -1)
+        return out
 
     def newest(self, layer, loc):
         return self.b.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc.long()]   # zero-copy read

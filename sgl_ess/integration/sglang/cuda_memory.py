@@ -55,7 +55,10 @@ def ess_device_bytes(kvc) -> dict[str, int]:
     mc = kvc.model_config
     row = latent_bytes_per_token(kvc, 1)
     topk = int(mc.hf_config.index_topk)
-    request_rows = int(get_schedule().max_running_requests) + 1     # SGLang's padding row 0 too
+    # SGLang's request rows per worker: --max-running-requests split over DP-attention workers, plus
+    # its padding row 0 (a PD decode node's pre-allocation rows are not counted: note_store warns)
+    per_worker = max(1, int(get_schedule().max_running_requests) // int(getattr(kvc, "attn_dp_size", 1) or 1))
+    request_rows = per_worker + 1
     ctx = int(mc.context_len)
     layer_info = getattr(kvc, "layer_info", None)
     layers = int(getattr(layer_info, "num_effective_layers", 0) or mc.num_hidden_layers)
@@ -87,6 +90,9 @@ def _around_profile_available_bytes(original_fn, self, pre_model_load_memory, *a
             "--mem-fraction-static")
     logger.info("ESS: %.2f GiB of the %.2f GiB pool budget reserved for the ESS store (%s)", need / gib, avail / gib,
                 ", ".join(f"{k} {v} B" for k, v in stores.items()))
+    from .device_budget import RESERVED
+
+    RESERVED.update(stores)
     return avail - need
 
 

@@ -194,4 +194,4 @@ class _EarlyHandoff:
             if part.stop == i + 1:
                 fb = self.fb
                 self.ess.early_plan(id(fb), self.layer, fb.req_pool_indices[part].long(), fb.seq_lens[part],
-                                      self.out[part], self.r2t, self.base + p)
+                                    self.out[part], self.r2t, self.base + p)

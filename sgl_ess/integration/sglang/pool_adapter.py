@@ -110,6 +110,11 @@ class EssPoolAdapter:
         self.store = LatentStore(self.store_cfg, engine=cfg.prefetch_engine, speculative=cfg.speculative_prefetch,
                                  host_pool=host, spec_options=spec_options, trace_file=cfg.trace_file,
                                  trace_meta={"source": "server", "model": str(getattr(mc, "model_path", ""))})
+        if self.store.device.type == "cuda":
+            from .device_budget import note_store
+
+            note_store("draft" if getattr(model_runner, "is_draft_worker", False) else "target",
+                       sum(self.store_cfg.device_allocation().values()))
         self.share = getattr(pool, "ess_share", None)       # shared_host_pool.Share, or None (own pool)
         self.host_writer = host.writer
         self.runner_id = id(model_runner)
@@ -266,7 +271,7 @@ class EssPoolAdapter:
                                          torch.tensor(committed, dtype=torch.int64))
 
     def admit_committed(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor, req_to_token: torch.Tensor,
-                        max_rows: int) -> int:
+                        max_rows: int) -> torch.Tensor:
         """Admit the rows that became final since each request's last step (accepted draft
         tokens) as its most recently used entries. reqs/committed int64 [b]."""
         with self._lock:

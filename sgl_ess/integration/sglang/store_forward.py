@@ -82,6 +82,7 @@ class StoreForward:
         self.kv_lora_rank = kv_lora_rank
         self.rope_dim = rope_dim
         self._layout_of = None
+        self._riding_of = None
 
     @property
     def r2t(self) -> torch.Tensor:
@@ -133,25 +134,31 @@ class StoreForward:
         if not real.padded:
             topk3 = topk.reshape(b, n, topk.shape[-1])
             return self.ess.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
-                                     lambda rows, valid: self.kernels.gathered(q, layer, rows, valid),
-                                     micro_batch=self.backend.micro_batch_base)
+                                   lambda rows, valid: self.kernels.gathered(q, layer, rows, valid),
+                                   micro_batch=self.backend.micro_batch_base)
         out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if b:
             qr = q[:b * n]
             out[:b * n] = self.ess.verify(layer.layer_id, reqs, committed, topk[:b * n].reshape(b, n, -1), self.r2t,
-                                            lambda rows, valid: self.kernels.gathered(qr, layer, rows, valid),
-                                            micro_batch=self.backend.micro_batch_base)
+                                          lambda rows, valid: self.kernels.gathered(qr, layer, rows, valid),
+                                          micro_batch=self.backend.micro_batch_base)
         return out
 
     def riding(self, forward_batch, lay: QueryLayout) -> list[bool]:
         """Per request of an extend batch: a running request riding in a mixed chunked-prefill
         batch (one query token, hot buffer open). SGLang hands such batches to the backend as
-        EXTEND (or MIXED) with the running requests after the prefill rows."""
+        EXTEND (or MIXED) with the running requests after the prefill rows. Decided once per
+        forward batch (a host read of its request rows), reused by every layer."""
         if forward_batch.forward_mode.is_target_verify() or forward_batch.forward_mode.is_draft_extend_v2():
             return []
+        cached = self._riding_of
+        if cached is not None and cached[0] is forward_batch:
+            return cached[1]
         rows = forward_batch.req_pool_indices.tolist()
         n_real = real_rows(forward_batch).n_req      # a padding row points at row 0, maybe a live request's
-        return [i < n_real and n == 1 and self.ess.is_open(r) for i, (n, r) in enumerate(zip(lay.n_q, rows))]
+        out = [i < n_real and n == 1 and self.ess.is_open(r) for i, (n, r) in enumerate(zip(lay.n_q, rows))]
+        self._riding_of = (forward_batch, out)
+        return out
 
     def mixed(self, q, layer, forward_batch, topk, lay: QueryLayout):
         """A mixed chunked-prefill batch: prefill rows read the full history and (re)open their hot
@@ -179,9 +186,9 @@ class StoreForward:
                 check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "mixed decode")
             q3 = q[tok].reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
             o = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk[tok],
-                                  self.kernels.newest(layer, loc), self.r2t,
-                                  lambda qq, r, s: self.kernels.slots(qq, layer, r, s),
-                                  single_call=self.kernels.single_call)
+                                self.kernels.newest(layer, loc), self.r2t,
+                                lambda qq, r, s: self.kernels.slots(qq, layer, r, s),
+                                single_call=self.kernels.single_call)
             out[tok] = o.to(q.dtype).reshape(q3.shape[0], -1)
         pre = [i for i in range(real_rows(forward_batch).n_req) if not dec[i]]
         if pre:
@@ -218,17 +225,17 @@ class StoreForward:
                 check_write_positions(loc, reqs, seq_lens + b.speculative_step_id, 1, self.r2t,
                                       "EAGLE draft decode step")
             out = self.ess.decode_committed(layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
-                                              max_admit=num_draft_tokens(forward_batch),
-                                              micro_batch_base=b.micro_batch_base,
-                                              single_call=self.kernels.single_call)
+                                            max_admit=num_draft_tokens(forward_batch),
+                                            micro_batch_base=b.micro_batch_base,
+                                            single_call=self.kernels.single_call)
             return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if layer.layer_id == 0:         # the newest row decode admits is the one just written
             check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode")
         if b.micro_batch_base and not self.ess.early_parts(layer.layer_id, reqs.numel()):
             # a TBO child at level none (no indexer hand-off): plan now, in this child's ring groups
             self.ess.early_plan(id(forward_batch), layer.layer_id, reqs, seq_lens, topk, self.r2t,
-                                  b.micro_batch_base)
+                                b.micro_batch_base)
         out = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
-                                self.kernels.newest(layer, loc), self.r2t, attend,
-                                single_call=self.kernels.single_call)
+                              self.kernels.newest(layer, loc), self.r2t, attend,
+                              single_call=self.kernels.single_call)
         return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)

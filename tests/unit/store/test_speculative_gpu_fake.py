@@ -39,8 +39,8 @@ def test_gpu_fake_stager_reads_no_device_value_on_the_host(predictor, monkeypatc
 
 
 class _Wrong(Predictor):
-    """Predicts positions no layer selects (the newest half of nothing: position 0..3 never in the
-    loop's top-k sets is not guaranteed, so: positions beyond every context) - precision 0."""
+    """Predicts each request's newest 4 positions for the next layer: rows the loop writes into the
+    hot buffer as they are produced (reserve), so never a miss there - precision 0."""
     name = "wrong"
     host_inputs = False
 
@@ -51,9 +51,8 @@ class _Wrong(Predictor):
 
 
 def test_gpu_fake_precision_gate_falls_back_from_counts_read_a_window_late(monkeypatch):
-    """The newest 4 positions of each request are resident (written this step), so nothing the
-    wrong predictor names is ever a miss: precision 0, and the gate must fall back to plain LRU
-    although its counts reach the host only through the HostFeed."""
+    """Nothing the wrong predictor names is ever a miss (precision 0): the gate must fall back to
+    plain LRU although its counts reach the host only through the HostFeed."""
     from sgl_ess.store import latent_store
 
     real = latent_store.make_predictor

@@ -27,6 +27,27 @@ TEST_ADMIN_KEY = "sgl-ess-test-admin-key"   # operator routes (flush, abort, ove
 _DERIVED = [1, 2, 3, 4, 5, 6, 7, 8] + [233 + i for i in range(16)]
 
 
+# Every process a test server starts (and its children: the prefetch worker) carries this variable, so
+# a leak check can tell its own processes from those of another run on the same machine.
+RUN_MARK = f"SGL_ESS_TEST_RUN_{os.getpid()}"
+
+
+def run_pids() -> set[int]:
+    """This pytest process and every live process started by its test servers (RUN_MARK in its environment)."""
+    out = {os.getpid()}
+    mark = RUN_MARK.encode() + b"="
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark in fh.read():
+                    out.add(int(pid))
+        except OSError:
+            continue
+    return out
+
+
 def _bindable(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -60,7 +81,7 @@ class Server:
         extra = ["--admin-api-key", admin_key] if admin_key and "--admin-api-key" not in args else []
         cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(self.port), *args, *extra]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
+                                     start_new_session=True, env={**os.environ, RUN_MARK: "1", **(env or {})})
         self.pgid = self.proc.pid
 
     def log_tail(self, n: int = 60) -> str:

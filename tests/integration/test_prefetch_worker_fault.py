@@ -6,13 +6,14 @@ server stops no worker process, no shared-memory segment and no ipc directory is
 import concurrent.futures as cf
 import glob
 import os
+import shutil
 import signal
 import tempfile
 import time
 
 import pytest
 
-from ._server import Server, group_alive
+from ._server import Server, group_alive, run_pids
 from .conftest import HOT_SLOTS, MAX_RUNNING, _need_sglang
 
 pytestmark = pytest.mark.integration
@@ -45,17 +46,17 @@ def worker_pids(pgid: int) -> list[int]:
     return out
 
 
-def ipc_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "sgless-prefetch-*")))
+def ipc_dirs(base: str) -> set[str]:
+    return set(glob.glob(os.path.join(base, "sgless-prefetch-*")))
 
 
 def shm_files() -> set[str]:
     """ESS's shared memory: named segments (there should be none: the store uses memfd) and memfd
-    mappings still held by any process. SGLang's own /dev/shm entries are not ESS's to police."""
+    mappings still held by this run's processes (this pytest and what its servers started, orphans
+    included: run_pids), not by another run on the same machine. SGLang's own /dev/shm entries are
+    not ESS's to police."""
     names = {f for f in os.listdir("/dev/shm") if "ess" in f} if os.path.isdir("/dev/shm") else set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in map(str, run_pids()):
         try:
             with open(f"/proc/{pid}/maps") as fh:
                 names |= {f"pid {pid}: {ln.split()[-2]}" for ln in fh if "memfd:sgl_ess" in ln}
@@ -72,10 +73,12 @@ def run_batch(server):
 
 def test_sigkill_worker_mid_decode(tmp_path):
     _need_sglang()
-    shm_before, ipc_before = shm_files(), ipc_dirs()
+    base = tempfile.mkdtemp(prefix="sgless-t-", dir="/tmp")     # this server's ipc base (TMPDIR), short
+    shm_before, ipc_before = shm_files(), ipc_dirs(base)
     srv = Server("ess_worker_fault", ["--ess-prefetch-engine", "worker", "--ess-prefetch-overlap-level", "dba",
                                       "--ess-hot-slots-per-request", str(HOT_SLOTS),
-                                      "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "32768"])
+                                      "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "32768"],
+                 env={"TMPDIR": base})
     try:
         srv.wait_healthy()
         first = worker_pids(srv.pgid)
@@ -112,5 +115,6 @@ def test_sigkill_worker_mid_decode(tmp_path):
         srv.stop()
     assert not group_alive(srv.pgid), "server processes left behind"
     assert not worker_pids(srv.pgid), "orphan prefetch worker"
-    assert ipc_dirs() <= ipc_before, f"ipc directories left behind: {ipc_dirs() - ipc_before}"
+    assert ipc_dirs(base) <= ipc_before, f"ipc directories left behind: {ipc_dirs(base) - ipc_before}"
     assert shm_files() <= shm_before, f"shared-memory segments left behind: {shm_files() - shm_before}"
+    shutil.rmtree(base, ignore_errors=True)

@@ -65,8 +65,9 @@ def _bound(out_ref: torch.Tensor) -> float:
     return float(out_ref.abs().max()) * BF16_ULP + 1e-6
 
 
-def _prefill(backend, runner, rows, prompts, gen):
-    """The last CHUNK tokens of each prompt as one extend batch through the CUDA backend."""
+def _prefill(backend, runner, rows, prompts, gen, layers=LAYERS):
+    """The last CHUNK tokens of each prompt as one extend batch through the CUDA backend (its first
+    `layers` layers: the EAGLE draft runner has one); opens and warms the hot buffers."""
     r2t = runner.req_to_token_pool.req_to_token
     fb = cuda_batch("EXTEND", rows, prompts, torch.cat([r2t[r, p - CHUNK:p] for r, p in zip(rows, prompts)]),
                     extend_lens=[CHUNK] * len(rows), prefix_lens=[p - CHUNK for p in prompts])
@@ -74,7 +75,7 @@ def _prefill(backend, runner, rows, prompts, gen):
     qpos = [p - CHUNK + j for p in prompts for j in range(CHUNK)]
     tok_req = torch.repeat_interleave(torch.tensor(rows), CHUNK)
     errs = []
-    for li in range(LAYERS):
+    for li in range(layers):
         topk = fr.causal_topk(gen, qpos)
         q = fr.query(gen, len(qpos))
         out = backend.forward_extend(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
@@ -261,7 +262,7 @@ def test_gpu_fake_mtp_verify_draft_extend_and_draft_decode_read_the_right_rows(g
     for r, p in zip(rows, prompts):
         fr.write_rows(draft, 0, req_pool.req_to_token[r, :p + 64], gen)
     _prefill(bt, target, rows, prompts, gen)
-    _prefill_draft(bd, draft, rows, prompts, gen)
+    _prefill(bd, draft, rows, prompts, gen, layers=1)
     r2t = req_pool.req_to_token
     committed = list(prompts)
     accept = [[1, 4, 2], [4, 1, 3], [2, 3, 1]]
@@ -316,17 +317,6 @@ def _spec_batch(mode, rows, seq, loc, extend_lens=None):
         fb.extend_num_tokens = sum(extend_lens)
         fb.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32)
     return fb
-
-
-def _prefill_draft(backend, runner, rows, prompts, gen):
-    """The draft runner's prefill chunk (one layer): opens and warms its own hot buffers."""
-    r2t = runner.req_to_token_pool.req_to_token
-    fb = cuda_batch("EXTEND", rows, prompts, torch.cat([r2t[r, p - CHUNK:p] for r, p in zip(rows, prompts)]),
-                    extend_lens=[CHUNK] * len(rows), prefix_lens=[p - CHUNK for p in prompts])
-    backend.init_forward_metadata(fb)
-    qpos = [p - CHUNK + j for p in prompts for j in range(CHUNK)]
-    backend.forward_extend(fr.query(gen, len(qpos)), None, None, cuda_layer(0), fb, save_kv_cache=False,
-                           topk_indices=fr.causal_topk(gen, qpos))
 
 
 def test_gpu_fake_indexer_hook_plans_no_draft_step(gpu_fake_mtp, monkeypatch):

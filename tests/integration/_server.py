@@ -100,7 +100,19 @@ class Server:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(1.0)
-        raise TimeoutError(f"server {self.name} not healthy after {STARTUP_TIMEOUT_S}s:\n{self.log_tail()}")
+        raise TimeoutError(f"server {self.name} not healthy after {STARTUP_TIMEOUT_S}s:\n{self.dump_stacks()}")
+
+    def dump_stacks(self) -> str:
+        """A server that hangs: every process of its group writes all its threads' Python stacks to
+        the log (SIGUSR2: the sgl-ess plugin's faulthandler) and runs on; returns the log's tail with
+        them. One process at a time, so their stacks do not interleave."""
+        for pid in sorted(group_processes(self.pgid)):
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                continue
+            time.sleep(1.0)
+        return self.log_tail(400)
 
     def stop(self) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left; wait until it is empty."""

@@ -30,3 +30,17 @@ def test_cached_prefix_rows_are_not_counted_as_live(server_ops):
     assert s["host_tokens_live"] == 0, f"live host rows with no request running: {s}"
     assert s["host_tokens_live"] + s["host_tokens_cached"] + s["host_tokens_free"] == s["host_tokens_capacity"]
     assert s["queue"] == {"waiting_requests": 0, "oldest_wait_s": 0.0, "running_requests": 0}
+
+
+def test_sigusr2_writes_every_threads_stack_to_the_log_and_the_server_runs_on(server_ops):
+    """Diagnostics for a server that hangs: `kill -USR2 <pid>` (the plugin's faulthandler) prints
+    the Python stacks of that process's threads to its log and does not stop it."""
+    from ._server import group_processes
+
+    before = open(server_ops.log.name, errors="replace").read().count("Current thread")
+    tail = server_ops.dump_stacks()
+    dumped = open(server_ops.log.name, errors="replace").read().count("Current thread") - before
+    assert dumped >= 2, f"expected the launcher's and the scheduler's stacks, got {dumped} dumps:\n{tail[-3000:]}"
+    assert "scheduler" in tail.lower() and "event_loop" in tail, "the scheduler's stack is not in the log"
+    assert len(group_processes(server_ops.pgid)) >= 3, "a process of the server ended on SIGUSR2"
+    assert server_ops.generate("Hello", 4)["meta_info"]["completion_tokens"] == 4

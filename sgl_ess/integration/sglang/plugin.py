@@ -8,7 +8,10 @@ effect before any model is built. ``SGLANG_PLUGINS`` (comma list) can exclude th
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
+import sys
 
 logger = logging.getLogger(__name__)
 _loaded = False
@@ -19,6 +22,9 @@ def load_plugin() -> None:
     if _loaded:
         return
     _loaded = True
+    # diagnostics: `kill -USR2 <pid>` writes every thread's Python stack of that SGLang process to
+    # its log (stderr) and lets it run on; SGLang itself uses no SIGUSR2
+    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sgl_ess.config import config_from_env

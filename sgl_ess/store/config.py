@@ -26,7 +26,12 @@ class StoreConfig:
     row_bytes:             bytes of one latent row (656 FP8 FlashMLA, 1152 BF16, any for tests)
     host_capacity_tokens:  token rows in the host pool, per layer
     hot_slots_per_request: N, device slots per (request, layer); must be >= topk + 1
-    max_requests:          concurrent requests that can hold a hot buffer
+    max_requests:          request rows: the engine's request-pool indices a caller may pass
+                           (rows of its req_to_host table)
+    hot_groups:            hot buffers (0: one per request row). Fewer than max_requests: a request
+                           row gets one when it opens and gives it back when it closes, so rows that
+                           never run (a PD decode node's pre-allocated, in-transfer rows) cost no
+                           device memory; at most hot_groups rows are open at once
     topk:                  k, entries the indexer selects per query token
     max_context_tokens:    longest request (sizes the request -> host-location table)
     device:                where hot buffers live ("cpu", "cuda", "cuda:1")
@@ -57,6 +62,7 @@ class StoreConfig:
     ring_micro_batches: int = 4
     spec_slots: int = 0
     resolver_backend: str = "auto"
+    hot_groups: int = 0
 
     def __post_init__(self) -> None:
         _positive("num_layers", self.num_layers, "the model config (num_hidden_layers)")
@@ -74,6 +80,10 @@ class StoreConfig:
             raise StoreConfigError(
                 f"ring_slots={self.ring_slots}, ring_micro_batches={self.ring_micro_batches}: expected "
                 "ring_slots >= 0 (0 = derive) and ring_micro_batches >= 1; set --ess-ring-slots")
+        if not isinstance(self.hot_groups, int) or not 0 <= self.hot_groups <= self.max_requests:
+            raise StoreConfigError(
+                f"hot_groups={self.hot_groups!r}: expected 0 (one hot buffer per request row) .. max_requests="
+                f"{self.max_requests}; it follows --max-running-requests")
         if self.resolver_backend not in ("auto", "torch", "triton", "numba"):
             raise StoreConfigError(f"resolver_backend={self.resolver_backend!r}: expected auto, torch, triton or numba")
         if self.hot_slots_per_request < self.topk + 1:
@@ -90,15 +100,20 @@ class StoreConfig:
         return 2 * self.ring_micro_batches
 
     @property
+    def groups(self) -> int:
+        """Hot buffers the store allocates (G): hot_groups, or one per request row."""
+        return self.hot_groups or self.max_requests
+
+    @property
     def ring_slots_per_group(self) -> int:
         if self.ring_slots:
             return self.ring_slots
-        return max(self.topk, self.max_requests * self.topk // 8)
+        return max(self.topk, self.groups * self.topk // 8)
 
     @property
     def hot_slots_total(self) -> int:
-        """Device slots per layer across all requests (R x N)."""
-        return self.max_requests * self.hot_slots_per_request
+        """Device slots per layer across all hot buffers (G x N)."""
+        return self.groups * self.hot_slots_per_request
 
     @property
     def host_bytes(self) -> int:
@@ -113,16 +128,17 @@ class StoreConfig:
     def device_allocation(self) -> dict[str, int]:
         """Bytes a store of this config allocates on its device, by tensor: the slot space's rows in
         whole pages (hot buffers, rings, speculative rows), their ring tags, the LRU state of every
-        (layer, request row + the padding row), the resolver's token map and the counters. What
+        (layer, hot buffer + the padding row), the resolver's token map and the counters. What
         SGLang's GPU budget must leave room for (integration/sglang/cuda_memory.py); an engine's
         own few small buffers aside."""
-        n_layers, r, n = self.num_layers, self.max_requests, self.hot_slots_per_request
+        n_layers, r, n = self.num_layers, self.groups, self.hot_slots_per_request
         staged = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
         rows = -(-(n_layers * r * n + staged) // PAGE_ROWS) * PAGE_ROWS
         return {"slot_rows": rows * self.row_bytes, "ring_tags": 8 * staged,
                 "lru_state": n_layers * (r + 1) * n * (8 + 4),           # slot -> token int64, LRU order int32
                 "token_map": (r + 1) * (self.max_context_tokens + 1) * 4,
-                "counters": 8 * (2 * n_layers * r + 6 * n_layers)}
+                "counters": 8 * (2 * n_layers * r + 6 * n_layers),
+                "group_map": 8 * self.max_requests if self.hot_groups else 0}   # request row -> hot buffer
 
 
 def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float | None = None,

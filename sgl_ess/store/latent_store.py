@@ -87,12 +87,19 @@ class LatentStore:
             raise ValueError("lock_host=True (--ess-lock-host-memory), but the host pool handed in is not mlocked: "
                              "build it with HostLatentPool(..., lock=True)")
         self.host = host_pool        # an engine may own it (SGLang's DSA pool allocates it, host_pool_class.py)
-        self.slots = SlotSpace(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, cfg.row_bytes,
+        self.slots = SlotSpace(cfg.num_layers, cfg.groups, cfg.hot_slots_per_request, cfg.row_bytes,
                                cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots,
                                lock=cfg.lock_host)
-        self.hot = DeviceHotBuffer(cfg.num_layers, cfg.max_requests, cfg.hot_slots_per_request, dev,
+        self.hot = DeviceHotBuffer(cfg.num_layers, cfg.groups, cfg.hot_slots_per_request, dev,
                                    max_context_tokens=cfg.max_context_tokens)
-        self.counters = StoreCounters(cfg.num_layers, cfg.max_requests, cfg.row_bytes, dev)
+        self.counters = StoreCounters(cfg.num_layers, cfg.groups, cfg.row_bytes, dev)
+        # request row -> hot buffer (only with fewer hot buffers than rows; else row r owns buffer r):
+        # handed out by open(), given back by close(); -1 for a row without one
+        self._indirect = cfg.groups != cfg.max_requests
+        self._group_host = list(range(cfg.max_requests)) if not self._indirect else [-1] * cfg.max_requests
+        self._free_groups = list(range(cfg.groups - 1, -1, -1))
+        self.group_of = (torch.full((cfg.max_requests,), -1, dtype=torch.int64, device=dev)
+                         if self._indirect else None)
         self.transfer_backend = transfer_backend
         # kernels: the Triton resolver (graph-safe, no host sync) on CUDA; on the CPU the numba
         # resolver (one compiled call) when numba imports, else the torch path
@@ -155,11 +162,22 @@ class LatentStore:
 
     # --- request lifetime ---------------------------------------------------------------
     def open(self, req: int) -> None:
-        """Start an empty hot buffer for request `req` (any earlier state is dropped)."""
+        """Start an empty hot buffer for request `req` (any earlier state is dropped). With fewer hot
+        buffers than request rows (`hot_groups`), the row takes a free one."""
         self._check_req(req)
-        self._reset(req)
-        self.hot.is_open[req] = True
-        self.counters.reset_request(req)
+        g = self._group_host[req]
+        if g < 0:
+            if not self._free_groups:
+                raise RuntimeError(
+                    f"request index {req}: all {self.cfg.groups} hot buffers are held by open requests "
+                    f"({self.open_requests}); a request must close before another opens (--max-running-requests "
+                    "sizes them)")
+            g = self._free_groups.pop()
+            self._group_host[req] = g
+            self.group_of[req:req + 1].fill_(g)       # a device fill: no host->device copy to wait for
+        self._reset(g)
+        self.hot.is_open[g] = True
+        self.counters.reset_request(g)
         if self.spec is not None:         # a reused index must not inherit the predictor's state
             self.spec.forget(req)
         if self.trace is not None:
@@ -169,23 +187,37 @@ class LatentStore:
         """Request finished, aborted or retracted: zero and free its hot buffer, and drop every
         speculative staging (they may hold its rows). Ring rows are zeroed by each commit ("move")."""
         self._check_req(req)
-        if self.hot.is_open[req]:
-            self._reset(req)
+        g = self._group_host[req]
+        if g >= 0 and self.hot.is_open[g]:
+            self._reset(g)
             self.slots.clear_speculative()
             if self.spec is not None:
                 self.spec.forget(req)
-            self.hot.is_open[req] = False
+            self.hot.is_open[g] = False
             if self.trace is not None:
                 self.trace.close_request(req)
+        if self._indirect and g >= 0:
+            self._group_host[req] = -1
+            self.group_of[req:req + 1].fill_(-1)
+            self._free_groups.append(g)
 
-    def _reset(self, req: int) -> None:
+    def _reset(self, group: int) -> None:
         self.engine.drain()               # no pending copy may land in a slot after it is zeroed
-        self.hot.reset(req)
-        self.slots.zero_request(req)
+        self.hot.reset(group)
+        self.slots.zero_request(group)
 
     @property
     def open_requests(self) -> int:
         return sum(self.hot.is_open)
+
+    def is_open(self, req: int) -> bool:
+        """Request row `req` holds an open hot buffer."""
+        g = self._group_host[req] if 0 <= int(req) < self.cfg.max_requests else -1
+        return g >= 0 and bool(self.hot.is_open[g])
+
+    def groups_of(self, reqs: torch.Tensor) -> torch.Tensor:
+        """The hot buffers of request rows `reqs` (int64, on the store's device; -1: none)."""
+        return self.group_of[reqs] if self._indirect else reqs
 
     def shutdown(self) -> None:
         if self.trace is not None:
@@ -263,7 +295,7 @@ class LatentStore:
         check_topk(ids.reshape(ids.shape[0], -1), seq_lens, "warmup topk_ids")   # one host sync
         if self.trace is not None:
             self.trace.warmup(layer, reqs, seq_lens, ids)
-        s2t = set_warm_state(self.hot, layer, reqs, seq_lens, ids)
+        s2t = set_warm_state(self.hot, layer, self.groups_of(reqs), seq_lens, ids)
         return self._fetch_residents(layer, reqs, s2t, req_to_host, "warmup")
 
     def _fetch_residents(self, layer: int, reqs: torch.Tensor, s2t: torch.Tensor, req_to_host: torch.Tensor,
@@ -273,7 +305,7 @@ class LatentStore:
         ar = torch.arange(self.cfg.hot_slots_per_request, device=self.device).expand_as(s2t)
         live = s2t >= 0
         src = torch.where(live, req_to_host.to(self.device)[reqs.unsqueeze(1), s2t.clamp(min=0)], -1)
-        dst = torch.where(live, self._hot_abs(layer, reqs, ar), -1)
+        dst = torch.where(live, self._hot_abs(layer, self.groups_of(reqs), ar), -1)
         keep = live.reshape(-1)
         plan = CopyPlan("h2s", src.reshape(-1)[keep], dst.reshape(-1)[keep], layer=layer, tier="background",
                         note=note)
@@ -285,15 +317,15 @@ class LatentStore:
     def lru_tokens(self, req: int) -> torch.Tensor:
         """int64 [num_layers, N] on the host: request `req`'s LRU state as tokens, least recently used
         first (-1 empty); `warm_from_lru_tokens` rebuilds it (a PD prefill node sends it to the decode)."""
-        self._check_req(req)
-        return lru_tokens(self.hot, req).cpu()
+        self._check_open(req)
+        return lru_tokens(self.hot, self._group_host[req]).cpu()
 
     def warm_from_lru_tokens(self, req: int, seq_len: int, tokens: torch.Tensor, req_to_host: torch.Tensor) -> int | None:
         """Set request `req`'s hot buffer (opened, empty) to the LRU state `tokens` [num_layers, N]
         (`lru_tokens` of another store with the same N) and fetch its rows in one background move per
         layer. Returns the rows fetched, or None (state unchanged) when `tokens` is not a valid LRU state
         for `seq_len` tokens: the request stays cold."""
-        self._check_req(req)
+        self._check_open(req)
         n = self.cfg.hot_slots_per_request
         if tokens.shape != (self.cfg.num_layers, n):
             return None
@@ -301,8 +333,9 @@ class LatentStore:
         if state is None:
             return None
         s2t, order = state
-        self.hot.slot_to_token[:, req] = s2t
-        self.hot.lru_order[:, req] = order
+        g = self._group_host[req]
+        self.hot.slot_to_token[:, g] = s2t
+        self.hot.lru_order[:, g] = order
         reqs = torch.tensor([req], dtype=torch.int64, device=self.device)
         return sum(self._fetch_residents(layer, reqs, s2t[layer:layer + 1], req_to_host, "warmup (PD transfer)")
                    for layer in range(self.cfg.num_layers))
@@ -330,10 +363,11 @@ class LatentStore:
         if group in self._group_fence:            # the ring group's previous commit must have landed
             self.engine.wait(self._group_fence.pop(group))
         tokens = topk.to(self.device, torch.int64)
-        a = assign(self.hot, layer, reqs, seq_lens, tokens, backend=self.resolver_backend)
-        self.counters.add_step(layer, reqs, a.hit, a.miss)
+        groups = self.groups_of(reqs)
+        a = assign(self.hot, layer, groups, seq_lens, tokens, backend=self.resolver_backend)
+        self.counters.add_step(layer, groups, a.hit, a.miss)
         n = self.cfg.hot_slots_per_request
-        hot_abs = self._hot_abs(layer, reqs, a.slots)
+        hot_abs = self._hot_abs(layer, groups, a.slots)
         spec = self.spec.claim(layer, reqs, tokens, a.miss, micro_batch) if self.spec is not None else None
         fetch = a.miss if spec is None else a.miss & (spec < 0)
         dst, to_ring = miss_destinations(fetch, hot_abs, self.slots.ring_row(group, 0), self.slots.ring_slots)
@@ -426,8 +460,9 @@ class LatentStore:
             self._check_batch(reqs)
         if self.trace is not None:
             self.trace.touch(layer, reqs, positions + 1, positions.unsqueeze(1))
-        a = assign(self.hot, layer, reqs, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
-        return self._hot_abs(layer, reqs, a.slots)[:, 0]
+        groups = self.groups_of(reqs)
+        a = assign(self.hot, layer, groups, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
+        return self._hot_abs(layer, groups, a.slots)[:, 0]
 
     def admit(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
               validate: bool = True) -> None:
@@ -474,8 +509,9 @@ class LatentStore:
                 self.engine.wait(fence)
         if self.trace is not None:
             self.trace.touch(layer, reqs, seq_lens, positions)
-        a = assign(self.hot, layer, reqs, seq_lens, positions, backend=self.resolver_backend)
-        dst = self._hot_abs(layer, reqs, a.slots)
+        groups = self.groups_of(reqs)
+        a = assign(self.hot, layer, groups, seq_lens, positions, backend=self.resolver_backend)
+        dst = self._hot_abs(layer, groups, a.slots)
         src = req_to_host.to(self.device)[reqs.unsqueeze(1), positions.clamp(min=0)]
         moved = a.miss
         copy_rows(self.host.rows[layer], torch.where(moved, src, -1).reshape(-1), self.slots.rows,
@@ -522,10 +558,10 @@ class LatentStore:
     def _ring_group(self, layer: int, micro_batch: int) -> int:
         return (layer % 2) * self.cfg.ring_micro_batches + micro_batch
 
-    def _hot_abs(self, layer: int, reqs: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-        """Absolute slot-space rows of local slots `local` [b, x] of requests `reqs` [b]."""
+    def _hot_abs(self, layer: int, groups: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """Absolute slot-space rows of local slots `local` [b, x] of hot buffers `groups` [b]."""
         n = self.cfg.hot_slots_per_request
-        base = self.slots.hot_base(layer) + reqs.unsqueeze(1) * n
+        base = self.slots.hot_base(layer) + groups.unsqueeze(1) * n
         return torch.where(local >= 0, base + local, -1)
 
     def _hot_rows_of(self, step: StepPlan) -> torch.Tensor:
@@ -550,7 +586,7 @@ class LatentStore:
 
     def _check_open(self, req: int) -> None:
         self._check_req(req)
-        if not self.hot.is_open[int(req)]:
+        if not self.is_open(req):
             raise KeyError(f"request index {req} has no open hot buffer (call open() first, "
                            "or the request already finished)")
 

@@ -199,7 +199,7 @@ class SpeculativeStager:
         if pos.numel() == 0 or b == 0:
             return
         n = st.cfg.hot_slots_per_request
-        s2t = st.hot.slot_to_token[target].index_select(0, reqs)
+        s2t = st.hot.slot_to_token[target].index_select(0, st.groups_of(reqs))
         srt = s2t.sort(dim=1).values
         idx = torch.searchsorted(srt, pos.clamp(min=0)).clamp(max=n - 1)
         resident = srt.gather(1, idx) == pos

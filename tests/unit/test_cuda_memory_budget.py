@@ -15,15 +15,16 @@ def _allocated(store: LatentStore) -> int:
     c = store.counters
     tensors = [store.slots.rows, store.slots.ring_tags, store.hot.slot_to_token_ext, store.hot.lru_order_ext,
                store.hot.token_map, c.hits, c.misses, c.layer_hits, c.layer_misses, c.rows_h2d, c.rows_d2h,
-               c.warmup_rows, c.refetch_rows]
+               c.warmup_rows, c.refetch_rows] + ([store.group_of] if store.group_of is not None else [])
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@pytest.mark.parametrize("spec_slots, ring_slots, requests", [(0, 0, 5), (48, 0, 9), (0, 70, 3)])
-def test_device_allocation_is_what_the_store_allocates(spec_slots, ring_slots, requests):
+@pytest.mark.parametrize("spec_slots, ring_slots, requests, hot_groups",
+                         [(0, 0, 5, 0), (48, 0, 9, 0), (0, 70, 3, 0), (48, 0, 30, 7)])
+def test_device_allocation_is_what_the_store_allocates(spec_slots, ring_slots, requests, hot_groups):
     cfg = StoreConfig(num_layers=3, row_bytes=40, host_capacity_tokens=64, hot_slots_per_request=20,
                       max_requests=requests, topk=8, max_context_tokens=300, spec_slots=spec_slots,
-                      ring_slots=ring_slots)
+                      ring_slots=ring_slots, hot_groups=hot_groups)
     store = LatentStore(cfg, transfer_backend="torch", engine="inline",
                         speculative="next_layer" if spec_slots else "off")
     assert _allocated(store) == sum(cfg.device_allocation().values())

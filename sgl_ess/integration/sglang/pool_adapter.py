@@ -336,7 +336,7 @@ class EssPoolAdapter:
                 "spec_overflow_entries": int(self.spec_overflow_entries)}
 
     def is_open(self, req: int) -> bool:
-        return 0 <= req < self.store_cfg.max_requests and bool(self.store.hot.is_open[req])
+        return self.store.is_open(req)
 
     def as_latent(self, slot_rows: torch.Tensor) -> torch.Tensor:
         """[S, kv_dim] view of slot rows (uint8) in the cache dtype."""

@@ -20,12 +20,15 @@ def _attend(q, rows, slots):
 
 
 def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, speculative="off", cross_layer=0.0,
-         corrupt_spec=False, progress=3, host_lag=0):
+         corrupt_spec=False, progress=3, host_lag=0, hot_groups=0, request_rows=8):
     g = torch.Generator().manual_seed(seed)
     store, table = make_store(layers=LAYERS, row_bytes=LAY.row_bytes, host_tokens=sum(CONTEXTS) + 8 * STEPS,
-                              n=N, max_requests=8, k=K, max_context=1024, ring_slots=ring_slots,
-                              spec_slots=64 if speculative != "off" else 0,
+                              n=N, max_requests=request_rows, k=K, max_context=1024, ring_slots=ring_slots,
+                              spec_slots=64 if speculative != "off" else 0, hot_groups=hot_groups,
                               engine="inline" if engine == "stream_gpu_fake" else engine, speculative=speculative)
+    if hot_groups:                      # request rows scattered over the pool, hot buffers by opening order
+        perm = torch.randperm(request_rows, generator=g).tolist()
+        table._free_indices = perm
     streams = None
     if engine == "stream_gpu_fake":     # the CUDA StreamEngine, its streams late and out of order, torch kernels
         from sgl_ess.prefetch.stream_engine import StreamEngine
@@ -196,3 +199,13 @@ def test_prefetch_worker_process_engine_stays_exact(mode):
     assert staged > 0
     assert snap["prefetch"]["engine"] == "worker"
     assert snap["prefetch"]["tiers"]["immediate"]["done"] > 0
+
+
+@pytest.mark.parametrize("mode", ["none", "da", "dba"])
+@pytest.mark.parametrize("engine", ["inline", "stream_gpu_fake"])
+def test_fewer_hot_buffers_than_request_rows_stays_exact(mode, engine):
+    """Issue 18: 5 hot buffers for 24 request rows (a PD decode node's pre-allocated rows need none),
+    the rows scattered, so row r does not own buffer r: every level equals the all-resident
+    reference, with next_layer staging too, and the device holds 5 buffers' slots."""
+    snap, _, _ = _run(mode, engine=engine, hot_groups=len(CONTEXTS), request_rows=24, speculative="next_layer")
+    assert sum(snap["layer_misses"]) > 0 and sum(snap["layer_hits"]) > 0

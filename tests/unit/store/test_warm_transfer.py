@@ -9,8 +9,12 @@ from tests.unit.store.helpers import locality_trace, make_store, token_rows
 N, K, LAYERS = 24, 8, 2
 
 
-def _store_with(rid, ctx, dummies=0):
-    store, table = make_store(n=N, k=K, layers=LAYERS)
+def _store_with(rid, ctx, dummies=0, hot_groups=0):
+    """`hot_groups`: fewer hot buffers than the 8 request rows, the rows taken in a scattered order
+    (a PD decode node: its row does not own the buffer of the same index)."""
+    store, table = make_store(n=N, k=K, layers=LAYERS, hot_groups=hot_groups)
+    if hot_groups:
+        table._free_indices = [1, 4, 0, 2, 6, 3, 7, 5]
     for i in range(dummies):                    # the decode node's row and host locations differ
         table.add(f"other{i}", 7)
     table.add(rid, ctx)
@@ -41,14 +45,14 @@ def _steps(store, table, rid, trace, grow_rows):
     return out
 
 
-def _case(ctx, seed, grow, fast):
+def _case(ctx, seed, grow, fast, receiver_groups=0):
     g = torch.Generator().manual_seed(seed)
     trace = list(locality_trace(g, ctx, K, 36, 0.6, grow=grow))   # the prefill's last W queries, then decode
     warm_trace, decode_trace = [t for _, t in trace[:6]], trace[6:]
     ctx = decode_trace[0][0]                       # the prompt: the warm queries' context and more
     assert (ctx <= N) == fast
     sender, st = _store_with("r", ctx)
-    receiver, rt = _store_with("r", ctx, dummies=3)
+    receiver, rt = _store_with("r", ctx, dummies=3, hot_groups=receiver_groups)
     warm = torch.stack(warm_trace)[None]           # [1, W, k]
     for layer in range(LAYERS):
         sender.warmup(layer, st.indices(["r"]), st.seq_lens(["r"]), warm, st.req_to_host)
@@ -68,6 +72,12 @@ def _case(ctx, seed, grow, fast):
 def test_a_long_request_warmed_from_the_wire_behaves_as_the_sender():
     steps = _case(ctx=300, seed=1, grow=True, fast=False)
     assert sum(m for m, _, _ in steps) > 0           # the trace evicts and misses: order matters
+
+
+def test_a_decode_node_with_fewer_hot_buffers_than_rows_behaves_as_the_sender():
+    """Issue 18: the receiving row (7) holds hot buffer 3 of 4."""
+    steps = _case(ctx=300, seed=3, grow=True, fast=False, receiver_groups=4)
+    assert sum(m for m, _, _ in steps) > 0
 
 
 def test_a_fast_row_that_grows_past_the_hot_buffer_behaves_as_the_sender():

@@ -43,13 +43,20 @@ def gpu_fake_speculative(ess_env, monkeypatch):
     yield from _gpu_fake("flashmla_sparse", ess_env, monkeypatch, speculative_prefetch="next_layer", spec_slots=64)
 
 
-def _gpu_fake(decode_impl, ess_env, monkeypatch, **cfg):
+@pytest.fixture
+def gpu_fake_decode_node(ess_env, monkeypatch):
+    yield from _gpu_fake("flashmla_kv", ess_env, monkeypatch, decode_node=True)
+
+
+def _gpu_fake(decode_impl, ess_env, monkeypatch, decode_node=False, **cfg):
     from sglang.srt.runtime_context import get_parallel
 
     ess_env(hot_slots_per_request=24, **cfg)
     stub, ov = install_gpu_fakes(monkeypatch, decode_impl=decode_impl)
     with get_parallel().override(attn_dcp_rank=0):
         req_pool, alloc = fr.shared_pools()
+        if decode_node:     # SGLang's DecodeReqToTokenPool: 2 running + 5 pre-allocated rows (+ padding row 0)
+            req_pool.size, req_pool.pre_alloc_size = 2, 5
         runner = cuda_runner(req_pool, alloc, LAYERS)
         backend = backend_class()(runner)
         assert backend.ess is not None and backend.dsa_decode_impl == decode_impl
@@ -374,3 +381,35 @@ def test_gpu_fake_mixed_chunk_prefill_rows_and_riding_decode_rows(gpu_fake):
         assert all(bool(store.hot.is_open[r]) for r in running + [new_row])
         assert int(store.counters.hits.sum()) > hits_before, "the riding rows did not go through their hot buffers"
     assert backend.ess.spec_usage()["mixed_decode_rows"] == 2 * 2
+
+
+def test_gpu_fake_pd_decode_node_opens_hot_buffers_when_a_request_runs(gpu_fake_decode_node):
+    """Issue 18: on a PD decode node a row handed to a request in transfer holds no hot buffer; the
+    first batch the request runs in opens one (warm from the prefill's state, or cold), and the
+    attention through the CUDA class equals the reference. 2 hot buffers serve 8 request rows."""
+    backend, runner, _ = gpu_fake_decode_node
+    ess, store = backend.ess, backend.ess.store
+    assert store.cfg.groups == 2 and store.cfg.max_requests == 8
+    gen = torch.Generator().manual_seed(21)
+    rows, prompts = [6, 3], [150, 90]
+    fr.place_requests(runner.req_to_token_pool, rows + [5], [p + 4 for p in prompts] + [44])
+    _write(runner, rows + [5], [p + 4 for p in prompts] + [44], gen)
+    ess.note_rows_allocated(rows + [5])              # SGLang's decode pool handed them out (transfers begin)
+    warm = torch.full((LAYERS, 24), -1, dtype=torch.int64)
+    warm[:, -3:] = torch.tensor([5, 9, 2])           # the prefill's LRU state of row 6: 3 tokens
+    ess.import_warm_state(6, prompts[0], (prompts[0], warm))
+    ess.import_warm_state(3, prompts[1], "absent")   # the prefill sent none: row 3 starts cold
+    assert store.open_requests == 0 and not any(ess.is_open(r) for r in rows + [5])
+    for step in range(3):
+        for err, bound in _decode(backend, runner, rows, [p + 1 + step for p in prompts], gen):
+            assert err <= bound, f"decode step {step}: {err:.3g} from the reference (bound {bound:.3g})"
+    assert ess.is_open(6) and ess.is_open(3) and not ess.is_open(5)   # row 5 is still in transfer
+    assert int(store.counters.warmup_rows.sum()) == 3 * LAYERS and ess.cold_starts == 1
+    assert ess.usage()["pd_pending_rows"] == 1
+    ess.close_rows([6])
+    ess.import_warm_state(5, 40, "absent")
+    for err, bound in _decode(backend, runner, [5, 3], [41, prompts[1] + 4], gen):   # row 5 takes 6's buffer
+        assert err <= bound
+    ess.close_rows([5, 3])
+    store.engine.drain()
+    assert store.open_requests == 0 and store.usage()["hot_slots_used"] == 0

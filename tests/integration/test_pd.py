@@ -3,10 +3,11 @@
 A prefill server (ESS on), two decode servers (ESS on, ESS off) and SGLang's router (`smg`, one per
 decode server, PD mode) transfer KV over the real Mooncake transfer engine (TCP). On the ESS decode
 node the prefill's TCP writes land straight in ESS's host rows (on CPU SGLang's latent buffers ARE the
-host pool), index keys in the device pool; no extend runs there, so each request's hot buffer is opened
-cold when the decode pool hands it a row, warmed from the prefill's warm state when the transfer commits
-(pd_warmup.py: the prefill's LRU state rides in one more metadata buffer of SGLang's transfer) and closed
-when the row is freed (lifecycle.py). Checked: greedy tokens and log-probs through the router equal a
+host pool), index keys in the device pool; no extend runs there, so a request's hot buffer is opened
+by the first batch it runs in, warm from the prefill's state kept when the transfer committed
+(pd_warmup.py: the prefill's LRU state rides in one more metadata buffer of SGLang's transfer), and
+closed when the row is freed (lifecycle.py); the rows SGLang pre-allocates for transfers hold none (16
+hot buffers for 49 request rows). Checked: greedy tokens and log-probs through the router equal a
 colocated single server (ESS off) on prompts shorter and longer than top-k (32), the hot buffer (40) and a
 page (64); the ESS decode node warms every request and then makes exactly the warmup fetches and the
 per-layer misses a colocated ESS server makes on the same prompts (both without SGLang's overlap
@@ -52,6 +53,9 @@ HOT = ["--ess-hot-slots-per-request", "40"]
 # colocated overlap loop (its result is dropped; seen here as exactly one more step of misses), so the
 # miss-for-miss comparison runs both ESS servers without it; tokens are compared with it on elsewhere.
 NO_OVERLAP = ["--disable-overlap-schedule"]
+# 16 running requests: SGLang then pre-allocates 2 x 16 more request rows for transfers in flight
+# (--disaggregation-decode-extra-slots' default for <= 32 per worker); they get no hot buffer
+DECODE_ROWS = ["--max-running-requests", "16"]
 
 
 def _router_bin():
@@ -213,7 +217,7 @@ def pd():
                                         "mooncake", "--disaggregation-bootstrap-port", str(bootstrap), *HOT,
                                         "--enable-metrics"], env)
         dec_on = Server("pd_decode_on", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
-                                         "mooncake", *NO_OVERLAP, *HOT, "--enable-metrics"], env)
+                                         "mooncake", *NO_OVERLAP, *HOT, "--enable-metrics", *DECODE_ROWS], env)
         dec_off = Server("pd_decode_off", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
                                            "mooncake", "--ess-enabled", "false"], env)
         dec_drop = Server("pd_decode_drop", ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
@@ -303,6 +307,10 @@ def test_the_prefills_warm_state_warms_the_decode_node_as_a_colocated_server_war
 def test_ess_decode_node_releases_without_a_flush(pd):
     u = pd["decode_usage"]
     assert u["pd_opens"] >= len(PROMPTS), u
+    assert u["pd_pending_rows"] == 0, u
+    # hot buffers for running requests only: SGLang's pre-allocated rows (transfers in flight) hold none
+    assert (u["hot_buffers"], u["request_rows"]) == (16, 16 + 32 + 1), u
+    assert u["hot_slots_capacity"] == len(u["misses_per_layer"]) * u["hot_buffers"] * 40, u
     assert ess_live_zero(u), u
     assert u["rows_h2d"] > 0, u                       # decode fetched its misses from the host pool
     assert ess_live_zero(pd["prefill_usage"]), pd["prefill_usage"]

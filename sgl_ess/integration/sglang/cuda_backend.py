@@ -85,7 +85,7 @@ def backend_class():
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
             if self._forward is not None:
-                self._forward._layout_of = self._forward._riding_of = None
+                self._forward.begin(forward_batch)
             rng = getattr(forward_batch, "tbo_parent_token_range", None)
             if rng is not None:         # a Two-Batch-Overlap child: its own ring groups (as on CPU)
                 self.micro_batch_base = 0 if rng[0] == 0 else 2

@@ -56,7 +56,7 @@ def ess_device_bytes(kvc) -> dict[str, int]:
     row = latent_bytes_per_token(kvc, 1)
     topk = int(mc.hf_config.index_topk)
     # SGLang's request rows per worker: --max-running-requests split over DP-attention workers, plus
-    # its padding row 0 (a PD decode node's pre-allocation rows are not counted: note_store warns)
+    # its padding row 0 (a PD decode node's pre-allocation rows hold no hot buffer: pool_adapter.running_rows)
     per_worker = max(1, int(get_schedule().max_running_requests) // int(getattr(kvc, "attn_dp_size", 1) or 1))
     request_rows = per_worker + 1
     ctx = int(mc.context_len)

@@ -95,8 +95,8 @@ class EssSparseAttnBackend(AttentionBackend):
     # --- SGLang backend protocol -------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
         self.forward_metadata = None
-        if self._store_forward is not None:
-            self._store_forward._layout_of = self._store_forward._riding_of = None
+        if self.ess is not None:
+            self._forward.begin(forward_batch)
         rng = getattr(forward_batch, "tbo_parent_token_range", None)
         if rng is not None:             # a Two-Batch-Overlap child: child 0 holds the first tokens
             self.micro_batch_base = 0 if rng[0] == 0 else 2

@@ -49,15 +49,16 @@ def _after_free_rows(result, pool, indices, *args, **kwargs):
 
 
 def _around_decode_alloc(original_fn, pool, reqs, *args, **kwargs):
-    """PD decode node (DecodeReqToTokenPool): rows handed to new requests get a fresh, cold hot buffer
-    (their KV comes by transfer: no extend opens them here); rows a request keeps are left alone."""
+    """PD decode node (DecodeReqToTokenPool): rows handed to new requests wait for their first batch
+    to open a hot buffer (their KV comes by transfer: no extend opens them here; pool_adapter.
+    open_pending); rows a request keeps are left alone."""
     fresh = [r for r in reqs if not r.kv.holds_kv]
     out = original_fn(pool, reqs, *args, **kwargs)
     if out is not None and fresh:
         rows = [int(r.kv.req_pool_idx) for r in fresh]
         for a in _adapters:
             if a.req_pool is pool:
-                a.open_rows_cold(rows)
+                a.note_rows_allocated(rows)
     return out
 
 

@@ -7,8 +7,10 @@ prefill node warms as a colocated server does; when SGLang writes the request's 
 metadata (``MetadataBuffers.set_buf``) it also writes that warm state, as each layer's hot-buffer
 tokens in LRU order (``LatentStore.lru_tokens``), into one more metadata buffer; SGLang's own
 transfer (Mooncake, NIXL: every registered metadata buffer) carries it beside the output ids; the
-decode node, when it commits the transfer (``DecodeTransferQueue._commit_transfer_to_req``),
-rebuilds the same LRU state and fetches those rows from its host pool, where the KV has landed.
+decode node keeps it when it commits the transfer (``DecodeTransferQueue._commit_transfer_to_req``)
+and, when the request first runs, opens its hot buffer with the same LRU state and fetches those
+rows from its host pool, where the KV has landed (pool_adapter.open_pending: requests in transfer
+hold no hot buffer).
 
 Wire row (int32): a header [MAGIC, layers, hot slots N, seq_len, room lo, room hi, 0, 0], then
 layers x N positions (request-relative, so both nodes' own locations apply). That is the closed
@@ -122,14 +124,15 @@ def _after_set_buf(result, buffers, req, *args, **kwargs):
 
 
 def _before_commit(queue, decode_req, *args, **kwargs):
-    """Decode node: the KV has landed; warm the request's (cold-opened) hot buffer from the wire."""
+    """Decode node: the KV has landed; keep the wire's warm state for the request's first batch,
+    which opens its hot buffer warm from it (pool_adapter.open_pending)."""
     a = lifecycle.active_store()
     if a is None:
         return None
     req = decode_req.req
     pool_row = req.kv.req_pool_idx
     warm = getattr(queue.metadata_buffers, "ess_warm", None)
-    if pool_row is None or not a.is_open(int(pool_row)):
+    if pool_row is None or not a.is_pending(int(pool_row)):
         return None
     if os.environ.get(DEBUG_DROP_LANDED_KV) == "1":
         a.debug_zero_rows(int(pool_row), len(req.origin_input_ids))

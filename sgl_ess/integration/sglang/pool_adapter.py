@@ -49,18 +49,30 @@ def derive_hot_slots(cfg: EssConfig, topk: int, layers: int, row_bytes: int, max
 
 
 def store_config(cfg: EssConfig, layers: int, row_bytes: int, topk: int, request_rows: int, max_context: int,
-                 device: str, host_tokens: int):
+                 device: str, host_tokens: int, hot_buffers: int = 0):
     """The StoreConfig of a model runner's store: `request_rows` = SGLang's request rows
-    (req_to_token rows: --max-running-requests + 1), `max_context` its columns. Also what the GPU
-    budget reserves before the store exists (cuda_memory.py)."""
+    (req_to_token rows: --max-running-requests + 1; a PD decode node adds its pre-allocation rows),
+    `max_context` its columns; `hot_buffers` (0: one per row) the requests that can run at once.
+    Also what the GPU budget reserves before the store exists (cuda_memory.py)."""
     from sgl_ess.store import StoreConfig
 
-    hot = derive_hot_slots(cfg, topk, layers, row_bytes, request_rows)
-    spec = (cfg.spec_slots or max(topk, request_rows * topk // 8)) if cfg.speculative_prefetch != "off" else 0
+    buffers = hot_buffers or request_rows
+    hot = derive_hot_slots(cfg, topk, layers, row_bytes, buffers)
+    spec = (cfg.spec_slots or max(topk, buffers * topk // 8)) if cfg.speculative_prefetch != "off" else 0
     return StoreConfig(num_layers=layers, row_bytes=row_bytes, host_capacity_tokens=host_tokens,
                        hot_slots_per_request=hot, max_requests=request_rows, topk=topk,
                        max_context_tokens=max_context, device=device, warmup_window=cfg.warmup_queries,
-                       ring_slots=cfg.ring_slots, spec_slots=spec, lock_host=cfg.lock_host_memory)
+                       ring_slots=cfg.ring_slots, spec_slots=spec, lock_host=cfg.lock_host_memory,
+                       hot_groups=hot_buffers if 0 < hot_buffers < request_rows else 0)
+
+
+def running_rows(req_pool) -> int:
+    """Hot buffers a store needs for SGLang's request pool `req_pool`: on a PD decode node
+    (DecodeReqToTokenPool: rows for --max-running-requests plus pre-allocated rows for requests still
+    in transfer) one per running request; else 0 (one per row)."""
+    pre = int(getattr(req_pool, "pre_alloc_size", 0) or 0)
+    size = int(getattr(req_pool, "size", 0) or 0)
+    return size if pre > 0 and 0 < size < req_pool.req_to_token.shape[0] else 0
 
 
 DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "attention",
@@ -98,7 +110,8 @@ class EssPoolAdapter:
         req_to_token = model_runner.req_to_token_pool.req_to_token
         max_requests = req_to_token.shape[0]
         self.store_cfg = store_config(cfg, self.layers, self.row_bytes, self.topk, max_requests,
-                                      req_to_token.shape[1], str(model_runner.device), host.capacity_tokens)
+                                      req_to_token.shape[1], str(model_runner.device), host.capacity_tokens,
+                                      hot_buffers=running_rows(model_runner.req_to_token_pool))
         self.cfg = cfg
         # input checks read values back to the host: on the CPU once per step (layer 0), never on CUDA
         self.validate = str(model_runner.device) == "cpu"
@@ -121,8 +134,11 @@ class EssPoolAdapter:
         self.req_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
         self._lock = threading.RLock()
-        # PD (pd_warmup.py): decode rows opened cold at pre-allocation, then warmed from the prefill's
-        # state (warm starts) or left cold (cold starts: no state came, or it was refused)
+        # PD (pd_warmup.py): a decode row given to a new request waits here (row -> the prefill's warm
+        # state, or None) until the first batch it runs in opens its hot buffer, warmed from that state
+        # (warm starts) or cold (cold starts: no state came, or it was refused); rows still in transfer
+        # hold no hot buffer
+        self._pending: dict[int, tuple | None] = {}
         self.pd_opens = self.cold_starts = self.pd_warm_starts = self.pd_warm_rejected = 0
         self.pd_warm_sent = 0     # PD prefill node: warm states written for the decode node
         self.pd_wire_rows = self.pd_wire_row_bytes = 0
@@ -134,8 +150,10 @@ class EssPoolAdapter:
                         "nothing to overlap; decode runs as 'none' (--ess-prefetch-engine worker overlaps)",
                         self.level, self.store.engine.name)
         logger.info("ESS store: %d layers x %d host rows x %d B (host %.1f MB), hot %d slots/request x %d rows "
-                    "(device %.2f MB)", self.layers, self.store_cfg.host_capacity_tokens, self.row_bytes,
-                    self.store_cfg.host_bytes / 1e6, self.store_cfg.hot_slots_per_request, max_requests, self.store_cfg.device_bytes / 1e6)
+                    "(device %.2f MB)%s", self.layers, self.store_cfg.host_capacity_tokens, self.row_bytes,
+                    self.store_cfg.host_bytes / 1e6, self.store_cfg.hot_slots_per_request, self.store_cfg.groups,
+                    self.store_cfg.device_bytes / 1e6,
+                    f"; {max_requests} request rows share them (PD pre-allocation)" if self.store_cfg.hot_groups else "")
 
     # --- per forward ------------------------------------------------------------------
     def after_extend(self, layer: int, rows: list[int], seq_lens: list[int], n_q: list[int],
@@ -349,14 +367,33 @@ class EssPoolAdapter:
             self.store.fence_host(layer)
 
     # --- lifecycle --------------------------------------------------------------------
-    def open_rows_cold(self, rows: list[int]) -> None:
+    def note_rows_allocated(self, rows: list[int]) -> None:
         """A PD decode node gave these rows to new requests whose KV arrives by transfer (no extend
-        runs here): open each hot buffer empty, dropping anything a previous owner of the row left."""
+        runs here): each opens, cold unless the transfer brings a warm state, when it first runs."""
         with self._lock:
             for r in rows:
                 if 0 <= r < self.store_cfg.max_requests:
-                    self.store.open(r)
-                    self.pd_opens += 1
+                    self.store.close(r)            # nothing of a previous owner of the row survives
+                    self._pending[r] = None
+
+    def is_pending(self, row: int) -> bool:
+        return row in self._pending
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def open_pending(self, rows: list[int]) -> None:
+        """The forward batch about to run holds request rows `rows`: open (and warm) those that run for
+        the first time here."""
+        with self._lock:
+            for r in rows:
+                if r not in self._pending:
+                    continue
+                state = self._pending.pop(r)
+                self.store.open(r)
+                self.pd_opens += 1
+                if state is not None:
+                    self._warm(r, *state)
 
     def debug_zero_rows(self, row: int, seq_len: int) -> None:
         """Zero request row `row`'s first `seq_len` latent host rows (pd_warmup's debug stand-in for a
@@ -372,35 +409,45 @@ class EssPoolAdapter:
 
     def import_warm_state(self, row: int, seq_len: int, got, counted: bool = True) -> None:
         """PD decode node, transfer committed: `got` is pd_warmup.decode's answer, (seq_len, tokens
-        [L, N]) or the reason there is none. Warm the row's hot buffer, else count a cold start
-        (`counted` False: a health check, not counted either way)."""
+        [L, N]) or the reason there is none. Kept until the row first runs (open_pending), which warms
+        its hot buffer from it, else counts a cold start (`counted` False: a health check, not counted
+        either way)."""
         with self._lock:
-            if isinstance(got, str):
-                if not counted:
-                    return
-                if got != "absent":
-                    self.pd_warm_rejected += 1
-                    logger.warning("PD warm state refused for request row %d: %s; it starts cold", row, got)
-                self.cold_starts += 1
+            if row in self._pending:
+                if not isinstance(got, str):
+                    got = (got[0], got[1].to(torch.int32).cpu())    # the wire row is reused: keep a copy
+                self._pending[row] = (seq_len, got, counted)
+
+    def _warm(self, row: int, seq_len: int, got, counted: bool) -> None:
+        """Open row `row`'s hot buffer warm from the transferred state `got` (see import_warm_state)."""
+        if isinstance(got, str):
+            if not counted:
                 return
-            sent_len, tokens = got
-            fetched = None
-            if sent_len == seq_len:
-                fetched = self.store.warm_from_lru_tokens(row, seq_len, tokens, self.req_pool.req_to_token)
-            if fetched is None:
-                if not counted:
-                    return
+            if got != "absent":
                 self.pd_warm_rejected += 1
-                self.cold_starts += 1
-                logger.warning("PD warm state refused for request row %d: not a valid LRU state for its %d "
-                               "tokens (the prefill sent %d); it starts cold", row, seq_len, sent_len)
+                logger.warning("PD warm state refused for request row %d: %s; it starts cold", row, got)
+            self.cold_starts += 1
+            return
+        sent_len, tokens = got
+        fetched = None
+        if sent_len == seq_len:
+            fetched = self.store.warm_from_lru_tokens(row, seq_len, tokens.to(torch.int64),
+                                                      self.req_pool.req_to_token)
+        if fetched is None:
+            if not counted:
                 return
-            self.pd_warm_starts += int(counted)
+            self.pd_warm_rejected += 1
+            self.cold_starts += 1
+            logger.warning("PD warm state refused for request row %d: not a valid LRU state for its %d "
+                           "tokens (the prefill sent %d); it starts cold", row, seq_len, sent_len)
+            return
+        self.pd_warm_starts += int(counted)
 
     def close_rows(self, rows: list[int]) -> None:
         with self._lock:
             for r in rows:
                 if 0 <= r < self.store_cfg.max_requests:
+                    self._pending.pop(r, None)
                     self.store.close(r)
 
     def clear_locs(self, locs: torch.Tensor) -> None:
@@ -428,6 +475,8 @@ class EssPoolAdapter:
                  refetch_rows=sum(snap["refetch_rows"]), hot_slots_per_request=self.store_cfg.hot_slots_per_request,
                  overlap_level=self.level, overlap_runs_as="none" if self.store.engine.synchronous else self.level,
                  plans_early=self.plans_early, plans_late=self.plans_late, cold_starts=self.cold_starts,
+                 hot_buffers=self.store_cfg.groups, request_rows=self.store_cfg.max_requests,
+                 pd_pending_rows=len(self._pending),
                  pd_opens=self.pd_opens, pd_warm_starts=self.pd_warm_starts, pd_warm_rejected=self.pd_warm_rejected,
                  pd_warm_sent=self.pd_warm_sent, pd_wire_rows=self.pd_wire_rows,
                  pd_wire_row_bytes=self.pd_wire_row_bytes,

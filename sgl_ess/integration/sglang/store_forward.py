@@ -88,6 +88,15 @@ class StoreForward:
     def r2t(self) -> torch.Tensor:
         return self.req_to_token_pool.req_to_token
 
+    def begin(self, forward_batch) -> None:
+        """A new forward batch (both backends' init_forward_metadata): drop the per-batch caches and
+        open the hot buffers of rows that start running in it (a PD decode node's transferred
+        requests, pool_adapter.open_pending)."""
+        self._layout_of = self._riding_of = None
+        if self.ess.has_pending():
+            n = real_rows(forward_batch).n_req
+            self.ess.open_pending(forward_batch.req_pool_indices[:n].tolist())
+
     def layout(self, forward_batch) -> QueryLayout:
         cached = self._layout_of
         if cached is None or cached[0] is not forward_batch:

@@ -11,7 +11,11 @@ makes each ``kv_buffer[layer]`` a view of its rows (excluded from core dumps, an
   CUDA  a zero-copy device view (UVA) of the registered host rows, so SGLang's own Triton
         writer (``set_mla_kv_buffer``) stores each new row straight into host memory
 Nothing else changes: SGLang's allocator hands out host locations, ``req_to_token`` maps
-tokens to them, the radix cache shares them, the index-key pool stays on the device. The
+tokens to them, the radix cache shares them, the index-key pool stays on the device.
+PD transfer (``get_contiguous_buf_infos``, what SGLang registers with Mooncake / NIXL): the
+latent buffers are given by their host addresses, never the device views, and are recorded here
+(``host_spans``) so the registration marks them host memory (pd_layout.py: NIXL kind DRAM, as
+SGLang does for HiSparse's host pool). The
 store (``pool_adapter.EssPoolAdapter``) adopts ``ess_host_pool`` when the attention backend is
 built. With attention TP > 1 on CPU the ranks of a node share one pool (shared_host_pool.py,
 ``ess_share``): only its owner writes rows. Memory: owned by the pool object (so by SGLang's model runner), freed with the process.
@@ -28,6 +32,17 @@ from sgl_ess.config import config_from_env
 logger = logging.getLogger(__name__)
 
 _classes: dict[type, type] = {}
+# [start, end) byte ranges of every ESS host pool of this process (latent rows in host memory)
+_host_spans: list[tuple[int, int]] = []
+
+
+def note_host_span(start: int, nbytes: int) -> None:
+    _host_spans.append((start, start + nbytes))
+
+
+def is_host_address(ptr: int) -> bool:
+    """`ptr` lies in an ESS host pool of this process."""
+    return any(lo <= ptr < hi for lo, hi in _host_spans)
 
 
 def host_backed(base: type) -> type:
@@ -57,10 +72,22 @@ def host_backed(base: type) -> type:
                     host = device_view(host)
                 views.append(host.view(self.store_dtype).view(rows, 1, self.kv_cache_dim))
             self.kv_buffer = views
+            rows_t = self.ess_host_pool.rows
+            note_host_span(rows_t.data_ptr(), rows_t.numel() * rows_t.element_size())
             logger.info("ESS host pool: %d layers x %d rows x %d B = %.2f GB in host memory%s, excluded from core "
                         "dumps%s", self.layer_num, rows, row_bytes, self.layer_num * rows * row_bytes / 1e9,
                         " (page-locked, zero-copy device views)" if on_cuda else "",
                         ", mlocked (--ess-lock-host-memory)" if lock else "")
+
+        def get_contiguous_buf_infos(self):
+            """What SGLang registers for PD transfer: each layer's latent rows at their HOST address
+            (on CUDA `kv_buffer` is a device view of them: a transfer engine must register host memory),
+            one page of rows per item."""
+            rows = self.ess_host_pool.rows
+            per_row = rows.shape[2] * rows.element_size()
+            return ([rows[layer].data_ptr() for layer in range(self.layer_num)],
+                    [rows[layer].numel() * rows.element_size() for layer in range(self.layer_num)],
+                    [per_row * self.page_size] * self.layer_num)
 
     EssHostDSATokenToKVPool.__name__ = f"EssHost{base.__name__}"
     EssHostDSATokenToKVPool.__qualname__ = EssHostDSATokenToKVPool.__name__

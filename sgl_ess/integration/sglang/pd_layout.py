@@ -10,6 +10,12 @@ page of latent rows, in bytes), wrapped onto each Mooncake KV manager when it is
 becomes SGLang's own rejection, logged once at registration ("Rejecting state transfers to decode
 session ...") and carried by each request's failure, so the client gets an error instead of wrong
 tokens.
+
+Also, before any KV manager is built: the KV buffers that lie in an ESS host pool (the latent rows:
+host_pool_class.get_contiguous_buf_infos gives their host addresses) are NIXL memory kind "DRAM",
+not SGLang's default "VRAM", on both roles (SGLang marks its HiSparse host pool the same way on the
+decode side; a prefill's kinds must all be alike, and with ESS on there they all are). Mooncake
+finds a registered address's kind itself.
 """
 
 from __future__ import annotations
@@ -46,6 +52,22 @@ def _checked(validate, manager):
     return wrapper
 
 
+def host_mem_kinds(ptrs: list[int], kinds: list[str] | None) -> list[str]:
+    """NIXL memory kinds of KV buffers at `ptrs`: "DRAM" for those in an ESS host pool, else the kind
+    given (SGLang's default "VRAM")."""
+    from .host_pool_class import is_host_address
+
+    kinds = list(kinds) if kinds else ["VRAM"] * len(ptrs)
+    return ["DRAM" if is_host_address(int(p)) else k for p, k in zip(ptrs, kinds)]
+
+
+def _before_manager_init(manager, args, *rest, **kwargs):
+    ptrs = list(getattr(args, "kv_data_ptrs", None) or [])
+    if ptrs:
+        args.kv_data_mem_kinds = host_mem_kinds(ptrs, getattr(args, "kv_data_mem_kinds", None))
+    return None
+
+
 def _after_manager_init(result, manager, *args, **kwargs):
     """Every PD KV manager (one per scheduler): the Mooncake one gets the latent check on its peer
     validation. Hooked on the common base class because importing the Mooncake module itself in every
@@ -59,4 +81,5 @@ def _after_manager_init(result, manager, *args, **kwargs):
 
 
 def register() -> None:
+    HookRegistry.register(targets.PD_KV_MANAGER_INIT, _before_manager_init, HookType.BEFORE)
     HookRegistry.register(targets.PD_KV_MANAGER_INIT, _after_manager_init, HookType.AFTER)

@@ -70,7 +70,8 @@ PATCHED = {
     PD_METADATA_CLEAR_SLOT: "AFTER (PD, ESS on): a freed metadata slot holds no warm state",
     PD_METADATA_SET_BUF: "AFTER (PD prefill, ESS on): write the request's warm state (LRU order per layer)",
     PD_DECODE_COMMIT: "BEFORE (PD decode, ESS on): warm the request's hot buffer from it when its KV has landed",
-    PD_KV_MANAGER_INIT: "AFTER (PD, Mooncake): the manager's peer-layout validation also refuses a decode peer "
+    PD_KV_MANAGER_INIT: "BEFORE (PD): KV buffers in the ESS host pool are NIXL memory kind DRAM; AFTER "
+                        "(Mooncake): the manager's peer-layout validation also refuses a decode peer "
                         "whose latent page bytes differ (pd_layout.py)",
     PAGES_RELEASE: "BEFORE: zero the host rows of token pages SGLang frees (rows hold user data)",
     ALLOCATOR_CLEAR: "BEFORE: zero every host row when SGLang clears its allocator (flush_cache)",

@@ -5,7 +5,7 @@ extend path, page-table handling) and our subclass, store and lifecycle.
 
 Swapped (and nothing else):
   * FlashMLA (``sglang.kernels.ops.attention.flash_mla_interface``: ``get_mla_metadata``,
-    ``flash_mla_with_kvcache``, ``flash_mla_sparse_fwd``) -> ``ref_sparse_mla`` (torch, fp32);
+    ``flash_mla_with_kvcache``, ``flash_mla_sparse_fwd``) -> ``ref_sparse_mla`` (torch, float64 accumulation);
   * ``dsa_backend.quantize_k_cache`` -> identity (the fake pool holds BF16 rows, not FP8);
   * ``dsa_backend.seqlens_expand_triton`` (MTP metadata) -> ``ref_seqlens_expand`` (torch);
   * our Triton sparse-MLA decode (``sgl_ess.kernels.sparse_mla_triton``) -> its torch reference;
@@ -28,12 +28,15 @@ FLASH_MLA_MODULE = "sglang.kernels.ops.attention.flash_mla_interface"
 
 
 def ref_sparse_mla(q, kv_rows, idx, scale, dv, topk_length=None):
-    """q [s, H, D]; kv_rows [N, D]; idx [s, k] (-1 masked) -> (out [s, H, dv] fp32, lse [s, H])."""
+    """q [s, H, D]; kv_rows [N, D]; idx [s, k] (-1 masked) -> (out [s, H, dv] fp64, lse [s, H]).
+    Accumulates in float64, as the CPU backend's attention does (sgl_ess.attention.reference.attend):
+    rounded once to BF16, both give the same output except with negligible probability, so a server
+    through this stand-in can be compared token for token with one on the CPU path."""
     valid = idx >= 0
     if topk_length is not None:
         valid = valid & (torch.arange(idx.shape[1])[None, :] < topk_length[:, None])
-    rows = kv_rows[idx.long().clamp(min=0)].float()
-    logits = torch.einsum("shd,skd->shk", q.float(), rows) * scale
+    rows = kv_rows[idx.long().clamp(min=0)].double()
+    logits = torch.einsum("shd,skd->shk", q.double(), rows) * scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(logits, -1)
     p = torch.softmax(logits, -1).nan_to_num(0.0)

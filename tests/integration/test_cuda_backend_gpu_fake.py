@@ -11,7 +11,7 @@ completing work late and out of order (tests/stream_doubles.py). Each test faile
   * its prefill did not wait for the zeroing of released host rows, so with an engine that
     completes late the zeroing landed after SGLang wrote the new request's rows.
 Outputs are compared with a dense torch reference over the true rows; the bound is one BF16
-rounding of the output (the stub computes in fp32 and rounds once to the cache dtype).
+rounding of the output (the stub accumulates in float64 and rounds once to the cache dtype).
 """
 
 from types import SimpleNamespace

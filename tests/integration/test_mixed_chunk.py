@@ -45,13 +45,13 @@ def _batches(server):
             for ln in lines]
 
 
-def _serve(name, args):
-    srv = Server(f"mixed_{name}", FLAGS + args)
+def _serve(name, args, env=None):
+    srv = Server(f"mixed_{name}", FLAGS + args, env)
     try:
         srv.wait_healthy()
         before = len(_batches(srv))
         out = _run(srv)
-        return out, _batches(srv)[before:], srv.ess_usage() if name == "on" else None
+        return out, _batches(srv)[before:], srv.ess_usage() if name != "off" else None
     finally:
         srv.stop()
         assert not group_alive(srv.pgid)
@@ -80,3 +80,24 @@ def test_mixed_batches_equal_ess_off_and_keep_decode_path(results):
     assert usage.get("mixed_decode_rows", 0) > 0, "no running request rode in a mixed batch"
     print(f"\nprefill batches (new requests, new tokens, running requests): {batches}; rows of running "
           f"requests served by the decode path inside them: {usage['mixed_decode_rows']} (attempt {attempt + 1})")
+
+
+def test_gpu_fake_mixed_batches_through_the_cuda_class_equal_ess_off(results):
+    """The same mixed batches through the CUDA class (a whole GPU-fake server,
+    tests/integration/test_gpu_fake_server.py): the chunk runs SGLang's extend kernel (the FlashMLA
+    stand-in) with the riding rows masked, the riding rows the store's decode path. Compared with the
+    ESS-off run above once both scheduled the same batches (at most 3 attempts)."""
+    from .test_gpu_fake_server import GPU_FAKE_ENV
+
+    (_, _, _), (off, off_batches, _), _ = results
+    for attempt in range(3):
+        fake, batches, usage = _serve("gpu_fake", ["--attention-backend", "dsa", "--dsa-decode-backend",
+                                                   "flashmla_sparse", "--ess-hot-slots-per-request", "40"],
+                                      GPU_FAKE_ENV)
+        if batches == off_batches:
+            break
+    else:
+        pytest.fail(f"the GPU fake and ESS off never scheduled the same batches: {batches} vs {off_batches}")
+    assert usage["prefetch"]["engine"] == "stream" and usage.get("mixed_decode_rows", 0) > 0, usage
+    for i, (a, b) in enumerate(zip(fake, off)):
+        assert a == b, f"request {i}: tokens differ through the CUDA class vs ESS off"

@@ -1,0 +1,96 @@
+"""GPU fake for a whole server (tests only): with SGLESS_TEST_GPU_FAKE=1 and this directory on
+PYTHONPATH, every process of `python -m sgl_ess.launch_server --attention-backend dsa` on this CPU
+runs the CUDA path's classes: SGLang's DSA backend replaced by ESS's CUDA subclass
+(cuda_backend.backend_class, as cuda_backend.register does on a GPU), the store on the CUDA
+side-stream engine (prefetch/stream_engine.StreamEngine) whose streams complete work late and out of
+order (tests/stream_doubles.LateStreams). Swapped, and nothing else: FlashMLA -> the torch sparse
+MLA (tests/integration/_cuda_fake.flash_mla_stub), SGLang's FP8 quantizer -> identity (BF16 rows),
+its seqlens Triton kernel -> torch, our Triton decode -> its torch reference, the device capability
+-> (9, 0), the stream runtime -> the late double. Python runs sitecustomize at start, so SGLang's
+spawned processes (scheduler, detokenizer) get the same fakes; each is installed right after the
+module it patches is first imported."""
+import os
+import sys
+
+if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
+    import importlib.abc
+
+    _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if _REPO not in sys.path:
+        sys.path.append(_REPO)
+
+    def _dsa_backend(mod):
+        from tests.integration._cuda_fake import ref_seqlens_expand
+
+        mod.quantize_k_cache = lambda kv, dv=None: kv
+        mod.seqlens_expand_triton = ref_seqlens_expand
+        from sgl_ess.integration.sglang.cuda_backend import backend_class
+
+        cls = backend_class()                                # its base: SGLang's class, read before this
+        mod.DeepseekSparseAttnBackend = cls
+        get_md = cls.get_indexer_metadata
+
+        def get_indexer_metadata(self, layer_id, forward_batch):
+            # ESS off too: the indexer on this CPU (sgl-ess's torch stand-in for SGLang's CUDA one)
+            # hands over token positions, SGLang's unfused top-k contract
+            import dataclasses
+
+            md = get_md(self, layer_id, forward_batch)
+            return md if md is None or md.force_unfused_topk else dataclasses.replace(md, force_unfused_topk=True)
+        cls.get_indexer_metadata = get_indexer_metadata
+
+    def _triton_decode(mod):
+        from sgl_ess.attention.reference import sparse_mla_decode
+
+        mod.sparse_mla_decode_triton = sparse_mla_decode
+
+    def _latent_store(mod):
+        make = mod.LatentStore._make_engine
+
+        def _make_engine(self, name):
+            if self.device.type != "cpu":
+                return make(self, name)
+            from sgl_ess.prefetch.stream_engine import StreamEngine
+            from tests.stream_doubles import LateStreams
+
+            return StreamEngine(self.memory, "torch", device="cpu", runtime=LateStreams(os.getpid()),
+                                zero_backend="torch")
+        mod.LatentStore._make_engine = _make_engine
+
+    def _torch_cuda(mod):
+        mod.get_device_capability = lambda *a, **k: (9, 0)
+
+    _PATCHES = {"sglang.srt.layers.attention.dsa_backend": _dsa_backend,
+                "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
+                "sgl_ess.store.latent_store": _latent_store,
+                "torch.cuda": _torch_cuda}
+
+    class _PatchAfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            patch = _PATCHES.get(name)
+            if patch is None:
+                return None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            run = spec.loader.exec_module
+
+            def exec_module(module, _run=run, _patch=patch):
+                _run(module)
+                _patch(module)
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _PatchAfterImport())
+
+    def _flash_mla_stub():
+        from tests.integration._cuda_fake import FLASH_MLA_MODULE, flash_mla_stub
+
+        sys.modules[FLASH_MLA_MODULE] = flash_mla_stub()
+
+    _PATCHES["sglang.kernels.ops.attention"] = lambda mod: _flash_mla_stub()

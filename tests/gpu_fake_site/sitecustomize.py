@@ -26,18 +26,7 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
         mod.seqlens_expand_triton = ref_seqlens_expand
         from sgl_ess.integration.sglang.cuda_backend import backend_class
 
-        cls = backend_class()                                # its base: SGLang's class, read before this
-        mod.DeepseekSparseAttnBackend = cls
-        get_md = cls.get_indexer_metadata
-
-        def get_indexer_metadata(self, layer_id, forward_batch):
-            # ESS off too: the indexer on this CPU (sgl-ess's torch stand-in for SGLang's CUDA one)
-            # hands over token positions, SGLang's unfused top-k contract
-            import dataclasses
-
-            md = get_md(self, layer_id, forward_batch)
-            return md if md is None or md.force_unfused_topk else dataclasses.replace(md, force_unfused_topk=True)
-        cls.get_indexer_metadata = get_indexer_metadata
+        mod.DeepseekSparseAttnBackend = backend_class()      # its base: SGLang's class, read before this
 
     def _triton_decode(mod):
         from sgl_ess.attention.reference import sparse_mla_decode
@@ -60,7 +49,13 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
     def _torch_cuda(mod):
         mod.get_device_capability = lambda *a, **k: (9, 0)
 
-    _PATCHES = {"sglang.srt.layers.attention.dsa_backend": _dsa_backend,
+    def _flash_mla_stub(mod):
+        from tests.integration._cuda_fake import FLASH_MLA_MODULE, flash_mla_stub
+
+        sys.modules[FLASH_MLA_MODULE] = flash_mla_stub()
+
+    _PATCHES = {"sglang.kernels.ops.attention": _flash_mla_stub,
+                "sglang.srt.layers.attention.dsa_backend": _dsa_backend,
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
                 "sgl_ess.store.latent_store": _latent_store,
                 "torch.cuda": _torch_cuda}
@@ -87,10 +82,3 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
             return spec
 
     sys.meta_path.insert(0, _PatchAfterImport())
-
-    def _flash_mla_stub():
-        from tests.integration._cuda_fake import FLASH_MLA_MODULE, flash_mla_stub
-
-        sys.modules[FLASH_MLA_MODULE] = flash_mla_stub()
-
-    _PATCHES["sglang.kernels.ops.attention"] = lambda mod: _flash_mla_stub()

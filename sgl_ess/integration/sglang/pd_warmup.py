@@ -63,7 +63,7 @@ def encode(row: torch.Tensor, room: int, seq_len: int, tokens: torch.Tensor) -> 
 
 
 def decode(row: torch.Tensor, room: int, layers: int, n: int) -> tuple[int, torch.Tensor] | str:
-    """(seq_len, tokens [L, N]) from wire row `row`, or the reason it is refused ("absent": no ESS
+    """(seq_len, tokens [L, N] int64, a copy) from wire row `row`, or the reason it is refused ("absent": no ESS
     state was written, e.g. the prefill runs without ESS)."""
     head = row[:HEADER].tolist()
     if head[0] != MAGIC:

@@ -71,8 +71,7 @@ def running_rows(req_pool) -> int:
     (DecodeReqToTokenPool: rows for --max-running-requests plus pre-allocated rows for requests still
     in transfer) one per running request; else 0 (one per row)."""
     pre = int(getattr(req_pool, "pre_alloc_size", 0) or 0)
-    size = int(getattr(req_pool, "size", 0) or 0)
-    return size if pre > 0 and 0 < size < req_pool.req_to_token.shape[0] else 0
+    return int(req_pool.size) if pre > 0 else 0
 
 
 DEFAULT_PROFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "attention",
@@ -413,9 +412,7 @@ class EssPoolAdapter:
         its hot buffer from it, else counts a cold start (`counted` False: a health check, not counted
         either way)."""
         with self._lock:
-            if row in self._pending:
-                if not isinstance(got, str):
-                    got = (got[0], got[1].to(torch.int32).cpu())    # the wire row is reused: keep a copy
+            if row in self._pending:        # pd_warmup.decode's tokens are a copy: the wire row is reused
                 self._pending[row] = (seq_len, got, counted)
 
     def _warm(self, row: int, seq_len: int, got, counted: bool) -> None:
@@ -431,8 +428,7 @@ class EssPoolAdapter:
         sent_len, tokens = got
         fetched = None
         if sent_len == seq_len:
-            fetched = self.store.warm_from_lru_tokens(row, seq_len, tokens.to(torch.int64),
-                                                      self.req_pool.req_to_token)
+            fetched = self.store.warm_from_lru_tokens(row, seq_len, tokens, self.req_pool.req_to_token)
         if fetched is None:
             if not counted:
                 return

@@ -110,6 +110,11 @@ def classify(path: str) -> Optional[str]:
     return None
 
 
+# operator routes SGLang's launcher itself calls after warmup, with the launcher's internal token; allowed
+# for that token even where operator routes are off (no --admin-api-key), so the default server starts clean
+LAUNCHER_ROUTES = frozenset({"/freeze_gc"})
+
+
 @dataclass(frozen=True)
 class Keys:
     api_key: Optional[str] = None           # --api-key (users)
@@ -159,6 +164,8 @@ def decide(path: str, token: Optional[str], keys: Keys) -> Decision:
         return Decision(403, f"{path} is off on this server: it can block the scheduler in a rendezvous with a "
                              f"peer the request names. Restart with --guard-enable-blocking-routes true (and "
                              f"--admin-api-key) to use it")
+    if path in LAUNCHER_ROUTES and _is(token, keys.internal_token):
+        return ALLOW                                    # SGLang's own post-warmup /freeze_gc, keys or not
     if not keys.admin_api_key:
         return Decision(403, f"{path} is an operator route, and operator routes are off on this server: restart "
                              f"with --admin-api-key to enable them")

@@ -4,7 +4,8 @@ runs the CUDA path's classes: SGLang's DSA backend replaced by ESS's CUDA subcla
 (cuda_backend.backend_class, as cuda_backend.register does on a GPU), the store on the CUDA
 side-stream engine (prefetch/stream_engine.StreamEngine) whose streams complete work late and out of
 order (tests/stream_doubles.LateStreams). Swapped, and nothing else: FlashMLA -> the torch sparse
-MLA (tests/integration/_cuda_fake.flash_mla_stub), SGLang's FP8 quantizer -> identity (BF16 rows),
+MLA (tests/integration/_cuda_fake.flash_mla_stub), MTP verify's fp32 torch attention -> float64 (both
+as the CPU path accumulates, so outputs compare exactly), SGLang's FP8 quantizer -> identity (BF16 rows),
 its seqlens Triton kernel -> torch, our Triton decode -> its torch reference, the device capability
 -> (9, 0), the stream runtime -> the late double. Python runs sitecustomize at start, so SGLang's
 spawned processes (scheduler, detokenizer) get the same fakes; each is installed right after the
@@ -46,6 +47,11 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
                                 zero_backend="torch")
         mod.LatentStore._make_engine = _make_engine
 
+    def _cuda_backend(mod):
+        import torch
+
+        mod.GATHERED_ACC_DTYPE = torch.float64   # MTP verify's torch attention: float64, as the CPU path's
+
     def _torch_cuda(mod):
         mod.get_device_capability = lambda *a, **k: (9, 0)
 
@@ -58,6 +64,7 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
                 "sglang.srt.layers.attention.dsa_backend": _dsa_backend,
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
                 "sgl_ess.store.latent_store": _latent_store,
+                "sgl_ess.integration.sglang.cuda_backend": _cuda_backend,
                 "torch.cuda": _torch_cuda}
 
     class _PatchAfterImport(importlib.abc.MetaPathFinder):

@@ -327,25 +327,30 @@ def _spec_batch(mode, rows, seq, loc, extend_lens=None):
 
 
 def test_gpu_fake_indexer_hook_plans_no_draft_step(gpu_fake_mtp, monkeypatch):
-    """An EAGLE draft step reads committed rows only (StoreForward.decode plans it): the CUDA indexer
-    hook's early plan - which would reserve and fetch as a target decode does - is the target's alone."""
+    """An EAGLE draft step reads committed rows only (StoreForward.decode plans it): the early plan of
+    either indexer hook - which would reserve and fetch as a target decode does - is the target's
+    alone. The torch indexer's hand-off (the one a CPU server runs) once planned the CUDA class's
+    draft steps: the class had no accepts_early_plans, the reserved speculative rows stayed empty
+    while the LRU counted them resident, and a GPU-fake EAGLE server's drafts diverged from ESS off."""
     from sglang.srt.model_executor import forward_context
 
-    from sgl_ess.integration.sglang import cuda_backend
+    from sgl_ess.integration.sglang import cuda_backend, indexer_torch
 
     _, target, draft, bt, _, steps = gpu_fake_mtp
     r2t = target.req_to_token_pool.req_to_token
     fr.place_requests(target.req_to_token_pool, [1], [120])
     fb = cuda_batch("DECODE", [1], [100], r2t[1, 99:100])
     topk = fr.causal_topk(torch.Generator().manual_seed(2), [99])
-    seen = []
+    seen, handoff = [], []
     monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: target.req_to_token_pool)
     for backend in (steps[0], bt):
         monkeypatch.setattr(backend.ess, "mode", lambda layer_id: "da")
         monkeypatch.setattr(backend.ess, "early_plan", lambda *a, _b=backend: seen.append(_b.spec_role))
         monkeypatch.setattr(forward_context, "get_attn_backend", lambda _b=backend: _b)
         cuda_backend._around_indexer_forward_cuda(lambda *a, **k: topk, None, None, None, None, fb, 0)
+        handoff.append((backend.spec_role, bool(indexer_torch._EarlyHandoff(fb, 0, topk, r2t).parts)))
     assert seen == ["target"], f"early plans made for roles {seen}"
+    assert handoff == [("draft_decode", False), ("target", True)], handoff
 
 
 def test_gpu_fake_mixed_chunk_prefill_rows_and_riding_decode_rows(gpu_fake):

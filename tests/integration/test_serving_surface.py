@@ -266,3 +266,12 @@ def test_json_nested_deeply_is_a_400_without_a_traceback(server_ops):
         assert st == 400 and "nested too deeply" in text, f"{path}: {st} {text[:200]}"
     with open(server_ops.log.name, errors="replace") as fh:
         assert "RecursionError" not in fh.read()
+
+
+def test_default_server_starts_without_a_warmup_error(server_ops):
+    """The launcher's default (no keys, operator routes off): SGLang's post-warmup /freeze_gc goes
+    through the route guard with the launcher's internal token. It was refused (403) and every start
+    logged 'post-warmup freeze_gc failed' with a traceback."""
+    log = server_ops.log_tail(1_000_000)
+    assert "The server is fired up and ready to roll" in log
+    assert "freeze_gc failed" not in log and "403 POST /freeze_gc" not in log, log[-3000:]

@@ -127,6 +127,24 @@ def test_verify_draft_extend_draft_decode_equal_ess_off(ess_env, hot_slots):
                 assert int(adapter.store.hot.slot_to_token[li, r].max()) < c
 
 
+def test_a_draft_step_planned_early_is_refused(ess_env):
+    """An early plan reserves each request's newest row as resident; a draft step's newest row is
+    speculative and never written to the hot buffer, so a draft step planned early is an error,
+    not an empty row read silently."""
+    g, req_pool, target, draft = _env(seed=2)
+    bd_extend = create_ess_backend(draft)
+    steps = EssMultiStepDraftBackend(draft, 1, 3).attn_backends
+    _prefill(bd_extend, draft, g, req_pool)
+    r2t = req_pool.req_to_token
+    loc = torch.stack([r2t[r, c] for r, c in zip(ROWS, PROMPTS)])
+    write_rows(draft, 0, loc, g)
+    fb = forward_batch("DECODE", ROWS, PROMPTS, loc, draft_tokens=NDRAFT)
+    q, topk = query(g, len(ROWS)), causal_topk(g, [c - 1 for c in PROMPTS])
+    bd_extend.ess.early_plan(id(fb), 0, torch.tensor(ROWS), fb.seq_lens, topk, r2t, 0)
+    with pytest.raises(RuntimeError, match="accepts_early_plans"):
+        steps[0].forward_decode(q, None, None, layer(0), fb, save_kv_cache=False, topk_indices=topk)
+
+
 def test_write_locations_out_of_step_are_refused():
     r2t = torch.arange(40, dtype=torch.int32).view(2, 20) + 100
     reqs, first = torch.tensor([0, 1]), torch.tensor([5, 7])

@@ -10,7 +10,11 @@ read from the host pool) - and with ESS off. Equal accepted drafts show the draf
 store serves the draft's attention exactly. Acceptance length and the agreement with no
 speculation (verify and decode numerics differ, so not asserted equal) are printed (pytest -s).
 Then requests are aborted in the middle of speculative steps: both stores (target and draft)
-return to zero. One server at a time (2 cores)."""
+return to zero. The 40-slot server runs twice: on the CPU ``ess`` backend, and as a GPU fake
+through the CUDA class (``--attention-backend dsa``: SGLang's DSA backend replaced by ESS's
+subclass in target and draft runners, the side-stream engine with late, out-of-order streams;
+only FlashMLA, the FP8 quantizer and the stream runtime swapped, tests/gpu_fake_site). One
+server at a time (2 cores)."""
 
 import concurrent.futures as cf
 
@@ -18,6 +22,7 @@ import pytest
 
 from ._server import Server, ess_usage_zero, group_alive
 from .conftest import _need_sglang
+from .test_gpu_fake_server import GPU_FAKE_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +32,8 @@ COMMON = ["--max-running-requests", "8", "--max-total-tokens", "16384"]
 CONFIGS = {
     "on_fit": ["--ess-hot-slots-per-request", "160"] + SPEC,
     "on_overflow": ["--ess-hot-slots-per-request", "40"] + SPEC,
+    "gpu_fake_overflow": ["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse",
+                          "--ess-hot-slots-per-request", "40"] + SPEC,
     "off": ["--ess-enabled", "false"] + SPEC,
     "no_spec": ["--ess-hot-slots-per-request", "40"],
 }
@@ -61,13 +68,13 @@ def runs():
     _need_sglang()
     out = {}
     for name, args in CONFIGS.items():
-        srv = Server(f"spec_{name}", COMMON + args)
+        srv = Server(f"spec_{name}", COMMON + args, GPU_FAKE_ENV if name.startswith("gpu_fake") else None)
         try:
             srv.wait_healthy()
             res = {"batch": _batch(srv)}
             if name != "off":
                 res["usage"] = srv.ess_usage()
-            if name == "on_overflow":
+            if name in ("on_overflow", "gpu_fake_overflow"):
                 with cf.ThreadPoolExecutor(3) as ex:
                     aborted = list(ex.map(lambda i: _abort_mid_speculation(srv, i), range(3)))
                 res["aborted"] = aborted
@@ -82,7 +89,7 @@ def runs():
 def test_greedy_output_and_speculation_equal_with_ess_on_and_off(runs):
     off = runs["off"]["batch"]
     assert min(r["prompt_tokens"] for r in off) >= 120
-    for name in ("on_fit", "on_overflow"):
+    for name in ("on_fit", "on_overflow", "gpu_fake_overflow"):
         for i, (a, b) in enumerate(zip(runs[name]["batch"], off)):
             assert len(a["tokens"]) == NEW_TOKENS
             assert a["tokens"] == b["tokens"], f"{name} request {i}: tokens differ from ESS off"
@@ -103,8 +110,10 @@ def test_greedy_output_and_speculation_equal_with_ess_on_and_off(runs):
 
 
 def test_stores_served_the_union_and_the_overflow(runs):
-    fit, over = runs["on_fit"]["usage"], runs["on_overflow"]["usage"]
-    for u in (fit, over):
+    fit, over, fake = runs["on_fit"]["usage"], runs["on_overflow"]["usage"], runs["gpu_fake_overflow"]["usage"]
+    assert fake["prefetch"]["engine"] == "stream", fake["prefetch"]      # the CUDA class's side-stream engine
+    assert fake["spec_overflow_entries"] > 0
+    for u in (fit, over, fake):
         assert u["rows_h2d"] > 0 and u["spec_steps"] > 0 and u["spec_rows_admitted"] > 0
         assert u["spec_window_entries"] > 0
         (draft,) = u["draft"]                       # the draft runner's own store: one MTP layer
@@ -115,8 +124,9 @@ def test_stores_served_the_union_and_the_overflow(runs):
           f"from the host (40 slots): {over['spec_overflow_entries']}")
 
 
-def test_usage_back_to_zero_after_aborts_mid_speculation(runs):
-    res = runs["on_overflow"]
+@pytest.mark.parametrize("name", ["on_overflow", "gpu_fake_overflow"])
+def test_usage_back_to_zero_after_aborts_mid_speculation(runs, name):
+    res = runs[name]
     assert len(res["aborted"]) == 3
     u = res["after_aborts"]
     assert ess_usage_zero(u) and ess_usage_zero(u["draft"][0])

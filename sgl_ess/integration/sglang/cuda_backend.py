@@ -38,13 +38,14 @@ import logging
 import torch
 
 from .padding import real_rows
-from .query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET
+from .query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET, accepts_early_plans
 from .store_forward import StoreForward
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_DECODE_IMPLS = ("flashmla_kv", "flashmla_sparse")
 GATHERED_CHUNK_BYTES = 64 << 20      # MTP verify: decoded fp32 rows per chunk (outside SGLang's pool budget)
+GATHERED_ACC_DTYPE = torch.float32   # MTP verify's torch attention accumulates in this (a GPU fake: float64)
 
 _cls = None
 
@@ -81,6 +82,10 @@ def backend_class():
                 cfg = model_runner.model_config
                 self._forward = StoreForward(self.ess, self.req_to_token_pool, _CudaKernels(self, base), self,
                                              cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+
+        @property
+        def accepts_early_plans(self) -> bool:
+            return accepts_early_plans(self)    # query_layout.py: not in an EAGLE draft step
 
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
@@ -212,7 +217,7 @@ class _CudaKernels:
     def gathered(self, q, layer, rows, valid):
         """MTP verify / draft extend: q [T, H*D] absorbed queries, rows [T, k, kv_dim] in the pool's
         storage dtype (uint8 656-B rows for FP8), valid [T, k] -> [T, H*R]. A torch attention over
-        the decoded rows (fp32 accumulation): correct on any GPU; SGLang's sparse prefill kernel
+        the decoded rows (GATHERED_ACC_DTYPE accumulation, fp32): correct on any GPU; SGLang's sparse prefill kernel
         over a gathered buffer would be faster and is not wired."""
         from sgl_ess.attention.reference import attend
 
@@ -221,10 +226,11 @@ class _CudaKernels:
         t, k = rows.shape[0], rows.shape[1]
         q3 = q.reshape(t, layer.tp_q_head_num, -1)
         out = q.new_empty(t, layer.tp_q_head_num * layer.v_head_dim)
-        step = max(1, GATHERED_CHUNK_BYTES // max(1, k * lay.dim * 4))     # fp32 rows per chunk: bounded
+        acc = GATHERED_ACC_DTYPE
+        step = max(1, GATHERED_CHUNK_BYTES // max(1, k * lay.dim * acc.itemsize))   # decoded rows per chunk: bounded
         for i in range(0, t, step):
             lat = lay.decode(rows[i:i + step].contiguous().view(torch.uint8))     # [t', k, D] fp32
-            o, _ = attend(q3[i:i + step], lat, valid[i:i + step], layer.v_head_dim, layer.scaling, torch.float32)
+            o, _ = attend(q3[i:i + step], lat, valid[i:i + step], layer.v_head_dim, layer.scaling, acc)
             out[i:i + step] = o.to(q.dtype).reshape(o.shape[0], -1)
         return out
 
@@ -240,9 +246,8 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
 
         backend = get_attn_backend()
         ess = getattr(backend, "ess", None)
-        # an EAGLE draft step reads committed rows only (StoreForward plans it itself)
-        if ess is not None and ess.mode(layer_id) != "none" and getattr(backend, "spec_role",
-                                                                             ROLE_TARGET) == ROLE_TARGET:
+        # not an EAGLE draft step: it reads committed rows only (StoreForward plans it itself)
+        if ess is not None and ess.mode(layer_id) != "none" and getattr(backend, "accepts_early_plans", True):
             from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
             b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned

@@ -34,7 +34,7 @@ from sgl_ess.attention.reference import attend
 
 from .padding import real_rows
 from .pool_adapter import EssPoolAdapter
-from .query_layout import ROLE_DRAFT_DECODE, ROLE_TARGET
+from .query_layout import ROLE_TARGET, accepts_early_plans
 from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
 
 
@@ -88,9 +88,7 @@ class EssSparseAttnBackend(AttentionBackend):
 
     @property
     def accepts_early_plans(self) -> bool:
-        """The indexer may hand over a decode top-k early only where decode admits the newest
-        row: not in an EAGLE draft step, whose newest row is speculative."""
-        return self.spec_role != ROLE_DRAFT_DECODE
+        return accepts_early_plans(self)        # query_layout.py: not in an EAGLE draft step
 
     # --- SGLang backend protocol -------------------------------------------------------
     def init_forward_metadata(self, forward_batch):

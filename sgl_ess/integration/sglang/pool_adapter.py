@@ -317,14 +317,25 @@ class EssPoolAdapter:
             self.spec_overflow_entries += plan.overflow.sum()
             return out
 
-    def decode_committed(self, layer: int, q3: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor,
-                         topk: torch.Tensor, req_to_token: torch.Tensor, attend, max_admit: int,
-                         micro_batch_base: int = 0, single_call: bool = False) -> torch.Tensor:
+    def decode_committed(self, batch_key: int, layer: int, q3: torch.Tensor, reqs: torch.Tensor,
+                         seq_lens: torch.Tensor, topk: torch.Tensor, req_to_token: torch.Tensor, attend,
+                         max_admit: int, micro_batch_base: int = 0, single_call: bool = False) -> torch.Tensor:
         """A decode step that reads only final rows (positions < seq_lens): an EAGLE draft step,
         whose own newest row is speculative and is neither read nor admitted. q3 [b, H, D];
-        topk int [b, k] (< seq_lens); returns out float [b, H, R]. `single_call` as in `decode`."""
+        topk int [b, k] (< seq_lens); returns out float [b, H, R]. `single_call` as in `decode`.
+        An early plan of this batch (an indexer hook that did not ask accepts_early_plans) has
+        already reserved the speculative row's slot: refused, as reading it would read an empty row."""
         mode = "none" if single_call else self.mode(layer)
         with self._lock:
+            early = self._early.get(layer)
+            if early is not None and early[0] == batch_key:
+                raise RuntimeError(
+                    f"ESS: layer {layer} of an EAGLE draft step was planned early by the indexer hand-off, which "
+                    "reserved each request's speculative newest row as resident; the draft step never writes it. "
+                    "The attention backend must say accepts_early_plans = False for draft steps "
+                    "(query_layout.accepts_early_plans)")
+            if early is not None:
+                self._discard_early(layer)         # an abandoned forward's plans: land and commit them
             self._committed_rows()
             self.admit_committed(layer, reqs, seq_lens, req_to_token, max_admit)
             plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token,

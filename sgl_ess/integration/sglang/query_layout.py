@@ -27,6 +27,15 @@ ROLE_DRAFT_EXTEND = "draft_extend"  # draft runner: prefill extend and DRAFT_EXT
 ROLE_DRAFT_DECODE = "draft_decode"  # draft runner: one step of the multi-step draft
 
 
+def accepts_early_plans(backend) -> bool:
+    """Whether the indexer may hand a decode batch's top-k to the store early (reserve each
+    request's newest row, submit the misses' fetch) for this backend instance. Not in an EAGLE
+    draft step: its newest row is speculative, and the step (``decode_committed``) reads committed
+    rows only - a reserved slot would stay empty while the LRU counts it resident. Both indexer
+    hooks ask this (CPU: indexer_torch.py; CUDA: cuda_backend.py), for both backends."""
+    return getattr(backend, "spec_role", ROLE_TARGET) != ROLE_DRAFT_DECODE
+
+
 @dataclass(frozen=True)
 class QueryLayout:
     """Where a forward's query tokens sit, per request (host lists, one entry per request).

@@ -233,7 +233,7 @@ class StoreForward:
             if layer.layer_id == 0:     # step i writes its (speculative) row at position seq_len + i
                 check_write_positions(loc, reqs, seq_lens + b.speculative_step_id, 1, self.r2t,
                                       "EAGLE draft decode step")
-            out = self.ess.decode_committed(layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
+            out = self.ess.decode_committed(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
                                             max_admit=num_draft_tokens(forward_batch),
                                             micro_batch_base=b.micro_batch_base,
                                             single_call=self.kernels.single_call)

@@ -52,6 +52,16 @@ def test_internal_token_acts_as_admin_and_is_not_a_user_key():
     assert rp.decide("/generate", "", keys).status == 401
 
 
+def test_launcher_freeze_gc_is_allowed_for_the_internal_token_only_even_without_an_admin_key():
+    """SGLang's launcher POSTs /freeze_gc after warmup; with operator routes off that was a 403 and a
+    traceback in the default server's start-up log."""
+    for keys in (rp.Keys(internal_token="tok"), rp.Keys(api_key=USER, admin_api_key=ADMIN, internal_token="tok")):
+        assert rp.decide("/freeze_gc", "tok", keys).allowed
+        assert not rp.decide("/freeze_gc", None, keys).allowed and not rp.decide("/freeze_gc", USER, keys).allowed
+    assert rp.decide("/freeze_gc", "tok", rp.Keys()).status == 403          # no internal token configured
+    assert rp.decide("/flush_cache", "tok", rp.Keys(internal_token="tok")).status == 403
+
+
 def test_unclassified_path_is_refused_and_patterns_match():
     assert rp.decide("/definitely_not_a_route", None, rp.Keys()).status == 404
     assert rp.classify("/v1/models/tiny/x") == rp.STATUS

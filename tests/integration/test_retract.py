@@ -1,5 +1,8 @@
 """Retraction frees ESS state: with SGLang's own test switch forcing `retract_decode` every few
-steps, every request still completes and host-pool / hot-buffer usage returns to zero."""
+steps, every request still completes and host-pool / hot-buffer usage returns to zero. Run on the
+CPU ``ess`` backend and as a GPU fake through the CUDA class (``--attention-backend dsa``,
+tests/gpu_fake_site: SGLang's DSA backend replaced by ESS's subclass, the side-stream engine with
+late, out-of-order streams; only the device kernels and the stream runtime swapped)."""
 import concurrent.futures as cf
 import re
 
@@ -7,16 +10,24 @@ import pytest
 
 from .conftest import HOT_SLOTS, _start
 from ._server import group_alive
+from .test_gpu_fake_server import GPU_FAKE_ENV
 from .test_usage_release import _prompt
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def server_retract():
-    srv = _start("ess_retract", ["--ess-hot-slots-per-request", str(HOT_SLOTS), "--max-running-requests", "8",
-                                 "--max-total-tokens", "16384"],
-                 env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"})
+RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
+BACKENDS = {"cpu": ([], {}),
+            "gpu_fake": (["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse"], GPU_FAKE_ENV)}
+
+
+@pytest.fixture(scope="module", params=sorted(BACKENDS))
+def server_retract(request):
+    args, env = BACKENDS[request.param]
+    srv = _start(f"ess_retract_{request.param}", ["--ess-hot-slots-per-request", str(HOT_SLOTS),
+                                                  "--max-running-requests", "8", "--max-total-tokens", "16384"] + args,
+                 env={**RETRACT_ENV, **env})
+    srv.backend = request.param
     yield srv
     srv.stop()
     assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
@@ -31,3 +42,5 @@ def test_retracted_requests_complete_and_release_everything(server_retract):
     assert sum(retracted) > 0, "SGLang did not retract any request; the test proves nothing"
     u = server_retract.wait_ess_zero()
     assert u["hot_requests_open"] == 0 and u["hot_slots_used"] == 0 and u["host_tokens_used"] == 0
+    if server_retract.backend == "gpu_fake":
+        assert u["prefetch"]["engine"] == "stream", u["prefetch"]      # the CUDA class's side-stream engine

@@ -74,7 +74,7 @@ def dry_run(tmp: str) -> dict:
     """Both servers' flags resolved as on a CUDA machine; nothing started."""
     import importlib.util
 
-    from sgl_ess.integration.sglang.server_args import resolve
+    from sgl_ess.integration.sglang.launcher.server_args import resolve
 
     model = gpu_model(tmp)
     with open(os.path.join(model, "config.json")) as fh:

@@ -133,7 +133,7 @@ FIELDS: tuple[EssField, ...] = (
     EssField("enable_mtp", bool, None,
              "MTP (speculative multi-token: EAGLE / NextN) compatibility mode. Unset = follow SGLang's "
              "--speculative-algorithm; true requires it (EAGLE or NEXTN, --speculative-eagle-topk 1); false refuses "
-             "it. Checked at launch (integration/sglang/compat.py)."),
+             "it. Checked at launch (integration/sglang/launcher/compat.py)."),
     EssField("enable_two_batch_overlap", bool, None,
              "Two-Batch-Overlap compatibility mode. Unset = follow SGLang's --enable-two-batch-overlap; true requires "
              "it, false refuses it. TBO needs GPUs with expert parallelism or DP attention: refused on CPU."),
@@ -288,7 +288,7 @@ def _check_consistency(cfg: EssConfig) -> None:
         raise EssConfigError(f"key 'predictor_min_precision': got {cfg.predictor_min_precision!r}; expected a "
                              "fraction in [0, 1]")
     # enable_mtp / enable_two_batch_overlap are checked against SGLang's own flags at launch, where
-    # those are known (sgl_ess/integration/sglang/compat.py).
+    # those are known (sgl_ess/integration/sglang/launcher/compat.py).
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> EssConfig | None:

@@ -6,6 +6,6 @@ on 127.0.0.1:30000 with ESS on. ``--help`` lists SGLang's flags and the ESS ones
 """
 
 if __name__ == "__main__":
-    from sgl_ess.integration.sglang.server_args import main
+    from sgl_ess.integration.sglang.launcher.server_args import main
 
     main()

@@ -1,6 +1,6 @@
 """How many hot-buffer slots each request gets per layer on a serving node: one rule, used by the
 launcher's preflight (sgl_ess/serving/preflight.py, before the model loads) and by the store the
-scheduler builds (integration/sglang/pool_adapter.py), so the two cannot disagree. Pure Python.
+scheduler builds (integration/sglang/pools/pool_adapter.py), so the two cannot disagree. Pure Python.
 
   --ess-hot-slots-per-request N   N
   --ess-max-gpu-buffer-size-gb G  G bytes / (request rows x layers x row bytes), rounded down

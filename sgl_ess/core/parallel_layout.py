@@ -1,6 +1,6 @@
 """How many ESS host pools one node holds for an SGLang parallel layout, and how big each is (issue 17).
 
-One rule, used by the launcher (integration/sglang/launcher_defaults.py: the startup report and the
+One rule, used by the launcher (integration/sglang/launcher/launcher_defaults.py: the startup report and the
 host-memory check) and by the capacity planner (``python -m sgl_ess.sim plan``). Pure Python, no
 torch: it only counts. No memory is owned here.
 
@@ -8,7 +8,7 @@ torch: it only counts. No memory is owned here.
                ranks into dp attention groups of tp / dp ranks; spread evenly over nnodes.
   pools        MLA's latent row (and the indexer key) is the same on every rank of an attention-TP
                group, so the group's ranks on one node can share ONE host pool
-               (integration/sglang/shared_host_pool.py, on CPU). Per rank (what CUDA does today, and
+               (integration/sglang/pools/shared_host_pool.py, on CPU). Per rank (what CUDA does today, and
                what sharing off means) every rank keeps its own copy.
   bytes        SGLang adds one padding page to its token pool, so a pool of ``tokens`` holds
                (tokens + page) rows per layer of ``row_bytes`` each.

@@ -1,6 +1,6 @@
 """Host memory for the planned ESS host pool: MemAvailable, and the page-locking limit.
 
-The pool is sized as the launcher sizes it (sgl_ess/integration/sglang/launcher_defaults.py): an
+The pool is sized as the launcher sizes it (sgl_ess/integration/sglang/launcher/launcher_defaults.py): an
 explicit budget (--ess-memory-pool-size-gb, ess_config.memory_pool_size_gb, SGLESS_MEMORY_POOL_SIZE_GB)
 is an upper bound on the bytes allocated; with nothing set, a GPU machine gives the pool the
 available memory minus the safety margin (sgl_ess/serving/host_memory.py). The fit test is the

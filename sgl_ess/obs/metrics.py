@@ -2,7 +2,7 @@
 
 Exported through SGLang's own ``--enable-metrics`` (the same ``/metrics`` endpoint as
 ``sglang:*``): each scheduler process updates them once a second from the ESS store adapter's
-``usage()`` dict (integration/sglang/metrics_exporter.py); prometheus_client's multiprocess
+``usage()`` dict (integration/sglang/observe/metrics_exporter.py); prometheus_client's multiprocess
 mode merges the processes. Labels on every metric: ``rank`` (the scheduler's TP rank), ``dp_rank``,
 ``tp_rank``, ``pp_rank``, ``node_rank``; plus the listed ones.
 Counters follow Prometheus naming (``_total``); rates and ratios are for PromQL (see

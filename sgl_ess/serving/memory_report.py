@@ -1,6 +1,6 @@
 """Where every byte went: the startup table of host and device memory of one scheduler.
 
-Pure formatting; the numbers come from the scheduler (integration/sglang/scheduler_probe.py).
+Pure formatting; the numbers come from the scheduler (integration/sglang/observe/scheduler_probe.py).
 Roles, not devices, name the rows: on a CPU-only machine "device" rows are host memory too.
 """
 

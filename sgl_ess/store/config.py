@@ -129,7 +129,7 @@ class StoreConfig:
         """Bytes a store of this config allocates on its device, by tensor: the slot space's rows in
         whole pages (hot buffers, rings, speculative rows), their ring tags, the LRU state of every
         (layer, hot buffer + the padding row), the resolver's token map and the counters. What
-        SGLang's GPU budget must leave room for (integration/sglang/cuda_memory.py); an engine's
+        SGLang's GPU budget must leave room for (integration/sglang/pools/cuda_memory.py); an engine's
         own few small buffers aside."""
         n_layers, r, n = self.num_layers, self.groups, self.hot_slots_per_request
         staged = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots

@@ -29,7 +29,7 @@ class HostLatentPool:
     def __init__(self, num_layers: int, capacity_tokens: int, row_bytes: int, *, pin: bool = False,
                  lock: bool = False, fd: int | None = None, readonly: bool = False):
         """`fd` given: map another process's pool (a TP rank sharing its owner's pool on this node,
-        sgl_ess.integration.sglang.shared_host_pool); such a pool is a reader (`writer` False): it
+        sgl_ess.integration.sglang.pools.shared_host_pool); such a pool is a reader (`writer` False): it
         never writes or zeroes rows, and with `readonly` it is mapped PROT_READ (a debug mode)."""
         self.num_layers = num_layers
         self.capacity_tokens = capacity_tokens

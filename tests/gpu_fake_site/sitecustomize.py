@@ -25,7 +25,7 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
 
         mod.quantize_k_cache = lambda kv, dv=None: kv
         mod.seqlens_expand_triton = ref_seqlens_expand
-        from sgl_ess.integration.sglang.cuda_backend import backend_class
+        from sgl_ess.integration.sglang.backends.cuda_backend import backend_class
 
         mod.DeepseekSparseAttnBackend = backend_class()      # its base: SGLang's class, read before this
 
@@ -64,7 +64,7 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
                 "sglang.srt.layers.attention.dsa_backend": _dsa_backend,
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
                 "sgl_ess.store.latent_store": _latent_store,
-                "sgl_ess.integration.sglang.cuda_backend": _cuda_backend,
+                "sgl_ess.integration.sglang.backends.cuda_backend": _cuda_backend,
                 "torch.cuda": _torch_cuda}
 
     class _PatchAfterImport(importlib.abc.MetaPathFinder):

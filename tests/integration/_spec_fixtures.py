@@ -10,7 +10,7 @@ from sgl_ess.config import ENV_CONFIG_JSON, EssConfig  # noqa: E402
 @pytest.fixture
 def ess_env(monkeypatch):
     """ESS on (the inline engine unless told otherwise); the process-wide adapter registry restored afterwards."""
-    from sgl_ess.integration.sglang import lifecycle
+    from sgl_ess.integration.sglang.pools import lifecycle
 
     def configure(**kw):
         kw.setdefault("prefetch_engine", "inline")

@@ -20,7 +20,7 @@ def _params(fn):
 def test_subclass_builds_and_overrides_what_it_should():
     from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
 
-    from sgl_ess.integration.sglang.cuda_backend import backend_class
+    from sgl_ess.integration.sglang.backends.cuda_backend import backend_class
 
     cls = backend_class()
     assert issubclass(cls, DeepseekSparseAttnBackend)

@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang.cuda_backend import backend_class  # noqa: E402
+from sgl_ess.integration.sglang.backends.cuda_backend import backend_class  # noqa: E402
 from sgl_ess.prefetch.stream_engine import StreamEngine  # noqa: E402
 from tests.stream_doubles import LateStreams  # noqa: E402
 
@@ -183,7 +183,7 @@ def test_gpu_fake_tbo_child_plans_in_its_own_ring_groups(gpu_fake, monkeypatch):
     Two-Batch-Overlap children shared ring groups. The second child's plans use base 2."""
     from sglang.srt.model_executor import forward_context
 
-    from sgl_ess.integration.sglang import cuda_backend
+    from sgl_ess.integration.sglang.backends import cuda_backend
 
     backend, runner, _ = gpu_fake
     r2t = runner.req_to_token_pool.req_to_token
@@ -255,7 +255,7 @@ def test_gpu_fake_mtp_verify_draft_extend_and_draft_decode_read_the_right_rows(g
     rows written into committed positions, verify over the host pool). Now every forward of an EAGLE
     iteration runs through the store on the CUDA class and equals the dense reference over the true
     rows; the draft steps never admit their own speculative rows."""
-    from sgl_ess.integration.sglang.query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET
+    from sgl_ess.integration.sglang.backends.query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET
 
     hot, target, draft, bt, bd, steps = gpu_fake_mtp
     assert (bt.spec_role, bd.spec_role) == (ROLE_TARGET, ROLE_DRAFT_EXTEND)
@@ -301,8 +301,8 @@ def test_gpu_fake_mtp_verify_draft_extend_and_draft_decode_read_the_right_rows(g
         check(out, reference(draft, 0, q, tok_req, topk), f"iteration {it}: draft extend")
         committed = [c + a for c, a in zip(committed, accept[it])]
     u = bt.ess.usage()
-    assert u["spec_rows_admitted"] > 0 and u["spec_window_entries"] > 0
-    assert (u["spec_overflow_entries"] > 0) == (hot < NDRAFT * fr.TOPK)
+    assert u["mtp_rows_admitted"] > 0 and u["mtp_window_entries"] > 0
+    assert (u["mtp_overflow_entries"] > 0) == (hot < NDRAFT * fr.TOPK)
     for adapter in (bt.ess, bd.ess):          # nothing at or past `committed` is resident
         for li in range(adapter.layers):
             for r, c in zip(rows, committed):
@@ -334,7 +334,7 @@ def test_gpu_fake_indexer_hook_plans_no_draft_step(gpu_fake_mtp, monkeypatch):
     while the LRU counted them resident, and a GPU-fake EAGLE server's drafts diverged from ESS off."""
     from sglang.srt.model_executor import forward_context
 
-    from sgl_ess.integration.sglang import cuda_backend, indexer_torch
+    from sgl_ess.integration.sglang.backends import cuda_backend, indexer_torch
 
     _, target, draft, bt, _, steps = gpu_fake_mtp
     r2t = target.req_to_token_pool.req_to_token
@@ -385,7 +385,7 @@ def test_gpu_fake_mixed_chunk_prefill_rows_and_riding_decode_rows(gpu_fake):
             assert err <= _bound(want), f"mixed step {step} layer {li}: {err:.3g} from the reference"
         assert all(bool(store.hot.is_open[r]) for r in running + [new_row])
         assert int(store.counters.hits.sum()) > hits_before, "the riding rows did not go through their hot buffers"
-    assert backend.ess.spec_usage()["mixed_decode_rows"] == 2 * 2
+    assert backend.ess.path_usage()["mixed_decode_rows"] == 2 * 2
 
 
 def test_gpu_fake_pd_decode_node_opens_hot_buffers_when_a_request_runs(gpu_fake_decode_node):

@@ -5,7 +5,7 @@
 two scheduler processes, one ESS store each. Under
 concurrent clients with mixed prompt lengths DP attention pads every rank's batch to a common size
 and an idle rank runs a fabricated extend; those padding rows point at request row 0 and must never
-reach the store (sgl_ess/integration/sglang/padding.py). Checked: one request at a time (the other
+reach the store (sgl_ess/integration/sglang/backends/padding.py). Checked: one request at a time (the other
 DP rank idle: it runs the fabricated extend and padded batches), ESS on gives ESS off's greedy tokens
 and log-probs exactly; under concurrent clients every request completes in full, nothing crashes,
 and every rank's live host rows and hot buffers go back to zero without a flush.

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang import host_pool_class, pd_layout, shared_host_pool  # noqa: E402
+from sgl_ess.integration.sglang.pools import host_pool_class, pd_layout, shared_host_pool  # noqa: E402
 from sgl_ess.store.host_pool import HostLatentPool  # noqa: E402
 
 LAYERS, SIZE, PAGE, DIM = 3, 256, 64, 656

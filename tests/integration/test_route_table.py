@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang import route_guard, runtime_config, status_route  # noqa: E402
+from sgl_ess.integration.sglang.routes import route_guard, runtime_config, status_route  # noqa: E402
 from sgl_ess.serving import route_policy as rp  # noqa: E402
 from sgl_ess.serving.ops_config import OpsConfig  # noqa: E402
 

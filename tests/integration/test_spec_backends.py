@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang import lifecycle  # noqa: E402
-from sgl_ess.integration.sglang.backend_registration import create_ess_backend  # noqa: E402
-from sgl_ess.integration.sglang.ess_backend import EssSparseAttnBackend, check_write_positions  # noqa: E402
-from sgl_ess.integration.sglang.speculative import EssMultiStepDraftBackend  # noqa: E402
+from sgl_ess.integration.sglang.pools import lifecycle  # noqa: E402
+from sgl_ess.integration.sglang.backends.backend_registration import create_ess_backend  # noqa: E402
+from sgl_ess.integration.sglang.backends.ess_backend import EssSparseAttnBackend, check_write_positions  # noqa: E402
+from sgl_ess.integration.sglang.backends.eagle import EssMultiStepDraftBackend  # noqa: E402
 
 from ._fake_runner import (TOPK, causal_topk, fake_runner, forward_batch, layer, place_requests,  # noqa: E402
                            query, shared_pools, write_rows)
@@ -119,8 +119,8 @@ def test_verify_draft_extend_draft_decode_equal_ess_off(ess_env, hot_slots):
         assert torch.equal(a, b), f"iteration {it}: draft extend"
         committed = [c + acc[it] for c, acc in zip(committed, accept)]
     u = bt.ess.usage()
-    assert u["spec_rows_admitted"] > 0 and u["spec_window_entries"] > 0
-    assert (u["spec_overflow_entries"] > 0) == (hot_slots < NDRAFT * TOPK)
+    assert u["mtp_rows_admitted"] > 0 and u["mtp_window_entries"] > 0
+    assert (u["mtp_overflow_entries"] > 0) == (hot_slots < NDRAFT * TOPK)
     for adapter in (bt.ess, bd_extend.ess):       # nothing at or past `committed` is resident
         for li in range(adapter.layers):
             for r, c in zip(ROWS, committed):

@@ -1,4 +1,4 @@
-"""The torch versions of sgl-kernel's EAGLE CPU ops (spec_cpu_kernels.py): each replaces a name that
+"""The torch versions of sgl-kernel's EAGLE CPU ops (backends/eagle_cpu_kernels.py): each replaces a name that
 exists in SGLang's CPU-engine modules, and computes what SGLang's Triton kernel of that name
 computes (reference cases worked out by hand for a chain of draft tokens, topk 1)."""
 
@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang import spec_cpu_kernels as k  # noqa: E402
+from sgl_ess.integration.sglang.backends import eagle_cpu_kernels as k  # noqa: E402
 from sgl_ess.integration.sglang.targets import SPEC_CPU_OPS  # noqa: E402
 
 

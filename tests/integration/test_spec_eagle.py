@@ -112,16 +112,16 @@ def test_greedy_output_and_speculation_equal_with_ess_on_and_off(runs):
 def test_stores_served_the_union_and_the_overflow(runs):
     fit, over, fake = runs["on_fit"]["usage"], runs["on_overflow"]["usage"], runs["gpu_fake_overflow"]["usage"]
     assert fake["prefetch"]["engine"] == "stream", fake["prefetch"]      # the CUDA class's side-stream engine
-    assert fake["spec_overflow_entries"] > 0
+    assert fake["mtp_overflow_entries"] > 0
     for u in (fit, over, fake):
-        assert u["rows_h2d"] > 0 and u["spec_steps"] > 0 and u["spec_rows_admitted"] > 0
-        assert u["spec_window_entries"] > 0
+        assert u["rows_h2d"] > 0 and u["mtp_steps"] > 0 and u["mtp_rows_admitted"] > 0
+        assert u["mtp_window_entries"] > 0
         (draft,) = u["draft"]                       # the draft runner's own store: one MTP layer
-        assert len(draft["misses_per_layer"]) == 1 and draft["spec_steps"] > 0 and draft["rows_h2d"] > 0
-    assert fit["spec_overflow_entries"] == 0, "the union fits 160 slots: nothing should overflow"
-    assert over["spec_overflow_entries"] > 0, "the union exceeds 40 slots: the overflow path never ran"
+        assert len(draft["misses_per_layer"]) == 1 and draft["mtp_steps"] > 0 and draft["rows_h2d"] > 0
+    assert fit["mtp_overflow_entries"] == 0, "the union fits 160 slots: nothing should overflow"
+    assert over["mtp_overflow_entries"] > 0, "the union exceeds 40 slots: the overflow path never ran"
     print(f"\nhit rate: 160 slots {fit['hit_rate']:.3f}, 40 slots {over['hit_rate']:.3f}; overflow entries read "
-          f"from the host (40 slots): {over['spec_overflow_entries']}")
+          f"from the host (40 slots): {over['mtp_overflow_entries']}")
 
 
 @pytest.mark.parametrize("name", ["on_overflow", "gpu_fake_overflow"])

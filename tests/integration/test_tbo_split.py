@@ -17,8 +17,8 @@ pytest.importorskip("sglang")
 from sglang.srt.layers.attention.tbo_backend import TboAttnBackend  # noqa: E402
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context  # noqa: E402
 
-from sgl_ess.integration.sglang.backend_registration import create_ess_backend  # noqa: E402
-from sgl_ess.integration.sglang.indexer_torch import _EarlyHandoff  # noqa: E402
+from sgl_ess.integration.sglang.backends.backend_registration import create_ess_backend  # noqa: E402
+from sgl_ess.integration.sglang.backends.indexer_torch import _EarlyHandoff  # noqa: E402
 
 from ._fake_runner import (causal_topk, fake_runner, forward_batch, layer, place_requests, query,  # noqa: E402
                            shared_pools, write_rows)

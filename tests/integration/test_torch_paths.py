@@ -7,8 +7,8 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang.ess_backend import sparse_mla  # noqa: E402
-from sgl_ess.integration.sglang.indexer_torch import act_quant, hadamard_rotate  # noqa: E402
+from sgl_ess.integration.sglang.backends.ess_backend import sparse_mla  # noqa: E402
+from sgl_ess.integration.sglang.backends.indexer_torch import act_quant, hadamard_rotate  # noqa: E402
 
 
 def test_hadamard_is_orthonormal_and_matches_recursive_definition():
@@ -45,7 +45,7 @@ def test_sparse_mla_over_all_positions_equals_dense_attention():
 
 
 def test_dense_topk_positions_is_causal_per_query():
-    from sgl_ess.integration.sglang.ess_backend import dense_topk_positions
+    from sgl_ess.integration.sglang.backends.ess_backend import dense_topk_positions
 
     got = dense_topk_positions([3, 5], [2, 1], "cpu")
     want = torch.tensor([[0, 1, -1, -1, -1],      # request 0, query at position 1

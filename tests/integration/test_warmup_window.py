@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang.backend_registration import create_ess_backend  # noqa: E402
+from sgl_ess.integration.sglang.backends.backend_registration import create_ess_backend  # noqa: E402
 
 from ._fake_runner import causal_topk, fake_runner, forward_batch, layer, place_requests, query, shared_pools, \
     write_rows  # noqa: E402

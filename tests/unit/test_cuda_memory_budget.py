@@ -44,7 +44,7 @@ def hook(monkeypatch):
     pytest.importorskip("sglang")
     from sglang.srt import runtime_context
 
-    from sgl_ess.integration.sglang import cuda_memory
+    from sgl_ess.integration.sglang.pools import cuda_memory
 
     monkeypatch.setenv(ENV_CONFIG_JSON, EssConfig(hot_slots_per_request=20).to_json())
     monkeypatch.setattr(cuda_memory, "latent_bytes_per_token", lambda kvc, n: 656 * n)
@@ -96,7 +96,7 @@ def test_pool_budget_per_dp_attention_worker(hook):
 
 
 def test_a_store_larger_than_its_reservation_is_reported(hook, caplog):
-    from sgl_ess.integration.sglang import device_budget
+    from sgl_ess.integration.sglang.pools import device_budget
 
     cuda_memory, _ = hook
     cuda_memory._around_profile_available_bytes(lambda self, pre: 1 << 30, _kvc(), 0)

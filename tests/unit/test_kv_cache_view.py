@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sgl_ess.integration.sglang.pool_adapter import EssPoolAdapter
+from sgl_ess.integration.sglang.pools.pool_adapter import EssPoolAdapter
 
 
 def test_fp8_slot_rows_reach_the_kernel_as_float8_e4m3fn():

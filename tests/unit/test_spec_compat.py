@@ -1,4 +1,4 @@
-"""Launch-time refusals (integration/sglang/compat.py): every unsupported combination names its
+"""Launch-time refusals (integration/sglang/launcher/compat.py): every unsupported combination names its
 flag and why; supported ones pass; the ESS config's enable_mtp / enable_two_batch_overlap keys
 must agree with SGLang's own flags (unset follows them)."""
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from sgl_ess.config import EssConfig
-from sgl_ess.integration.sglang.compat import refusals
+from sgl_ess.integration.sglang.launcher.compat import refusals
 
 
 def _args(**kw):

@@ -31,12 +31,12 @@ _loaded = False
 
 
 def _after_internal_state(result, controller=None, *args, **kwargs):
-    from .scheduler_state import gather_ranks, ops_state, rank_identity
+    from .observe.scheduler_state import gather_ranks, ops_state, rank_identity
 
     try:
         ops = ops_state(getattr(controller, "scheduler", None))
         ops["rank"] = rank_identity()
-        from . import slo_hooks
+        from .observe import slo_hooks
 
         if slo_hooks.state() is not None:
             ops["slo"] = slo_hooks.state()
@@ -53,7 +53,7 @@ def _after_internal_state(result, controller=None, *args, **kwargs):
 
 def _rank_summary(state: dict, ops: dict | None) -> dict:
     """What one attention-TP rank reports to rank 0 for /ess/status (small: it crosses gloo)."""
-    from . import lifecycle
+    from .pools import lifecycle
 
     store = lifecycle.active_store()
     ess = store.usage() if store is not None else {}
@@ -85,7 +85,7 @@ def load_plugin() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import log_redaction
+    from .launcher import log_redaction
 
     log_redaction.install()                          # every process: no secret in a log line
     from sglang.srt.arg_groups.choices import (
@@ -95,7 +95,7 @@ def load_plugin() -> None:
         add_radix_supported_deterministic_attention_backend_choices,
     )
 
-    from .scheduler_probe import _after_get_init_info
+    from .observe.scheduler_probe import _after_get_init_info
 
     if targets.ESS_BACKEND_NAME not in DETERMINISTIC_ATTENTION_BACKEND_CHOICES:
         add_deterministic_attention_backend_choices([targets.ESS_BACKEND_NAME])

@@ -29,20 +29,24 @@ def load_plugin() -> None:
 
     from sgl_ess.config import config_from_env
 
-    from . import (backend_registration, compat, cpu_fixes, cuda_backend, dummy_init, host_pool_class, lifecycle,
-                   pd_layout, pd_warmup, runtime_config, slo_hooks, spec_cpu_kernels, speculative, targets)
-    from .indexer_torch import indexer_forward_native
+    from . import targets
+    from .backends import backend_registration, cpu_fixes, cuda_backend, eagle, eagle_cpu_kernels
+    from .backends.indexer_torch import indexer_forward_native
+    from .launcher import compat, dummy_init
+    from .observe import slo_hooks
+    from .pools import host_pool_class, lifecycle, pd_layout, pd_warmup
+    from .routes import runtime_config
 
     cpu_fixes.register()
     HookRegistry.register(targets.INDEXER_FORWARD_NATIVE, indexer_forward_native, HookType.REPLACE)
     backend_registration.register()
-    speculative.register()
+    eagle.register()
     compat.register()
-    spec_cpu_kernels.register()
+    eagle_cpu_kernels.register()
     lifecycle.register()
     pd_warmup.register()
     pd_layout.register()
-    speculative.register_status()   # after lifecycle's internal-state hook
+    eagle.register_status()   # after lifecycle's internal-state hook
     runtime_config.register()
     host_pool_class.register()
     cuda_backend.register()        # CUDA processes with ESS on only

@@ -45,7 +45,7 @@ SCHEDULER_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocat
 BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
-# versions in spec_cpu_kernels.py. The names exist only in CPU-engine processes (SGLANG_USE_CPU_ENGINE=1,
+# versions in backends/eagle_cpu_kernels.py. The names exist only in CPU-engine processes (SGLANG_USE_CPU_ENGINE=1,
 # set by the launcher without CUDA), so they are checked by tests/integration/test_spec_cpu_ops.py,
 # not with PATCHED.
 SPEC_CPU_OPS = {

@@ -3,7 +3,7 @@ functions: they run before SGLang or torch are imported, so a CPU machine can ch
 import pytest
 
 from sgl_ess.config import build_config
-from sgl_ess.integration.sglang import launcher_defaults as ld
+from sgl_ess.integration.sglang.launcher import launcher_defaults as ld
 from sgl_ess.serving import host_memory
 from sgl_ess.serving.preflight import PreflightError
 

@@ -4,7 +4,7 @@ checks are the ones the scheduler's store is built with - both call sgl_ess/core
 import pytest
 
 from sgl_ess.config import EssConfig
-from sgl_ess.integration.sglang.pool_adapter import derive_hot_slots
+from sgl_ess.integration.sglang.pools.pool_adapter import derive_hot_slots
 from sgl_ess.serving.preflight import ModelGeometry, PreflightError, check_hot_slots
 
 

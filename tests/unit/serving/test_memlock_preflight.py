@@ -4,7 +4,7 @@ wanted, the limit and the fix, and the launcher exits 2."""
 import pytest
 
 from sgl_ess.config import build_config
-from sgl_ess.integration.sglang import launcher_defaults as ld
+from sgl_ess.integration.sglang.launcher import launcher_defaults as ld
 from sgl_ess.serving import exit_codes, preflight
 from sgl_ess.serving.preflight import PreflightError, check_memlock, has_cap_ipc_lock, slot_space_bytes
 
@@ -81,7 +81,7 @@ def test_lock_with_ess_off_is_refused():
 
 
 def test_the_launcher_exits_2_with_one_line(monkeypatch, capsys):
-    from sgl_ess.integration.sglang import server_args
+    from sgl_ess.integration.sglang.launcher import server_args
 
     _limit(monkeypatch, 1 << 20)
     with pytest.raises(SystemExit) as e:

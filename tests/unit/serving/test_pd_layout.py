@@ -1,9 +1,9 @@
-"""The bootstrap check of the latent row layout between PD roles (integration/sglang/pd_layout.py)."""
+"""The bootstrap check of the latent row layout between PD roles (integration/sglang/pools/pd_layout.py)."""
 import pytest
 
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang.pd_layout import mismatch  # noqa: E402
+from sgl_ess.integration.sglang.pools.pd_layout import mismatch  # noqa: E402
 
 
 def test_equal_pages_pass_and_unknown_peers_are_let_be():
@@ -33,7 +33,7 @@ def _peer(item_len):
 
 
 def test_the_managers_own_validation_gains_the_latent_check_once():
-    from sgl_ess.integration.sglang.pd_layout import _after_manager_init
+    from sgl_ess.integration.sglang.pools.pd_layout import _after_manager_init
 
     m = _Manager(64 * 160)
     _after_manager_init(None, m)

@@ -90,7 +90,7 @@ def test_plan_cli_reports_host_pools(capsys):
 @pytest.mark.parametrize("argv", [[], ["--tp", "2"], ["--tp", "8"], ["--tp", "8", "--dp", "8", "--enable-dp-attention"],
                                   ["--tp", "4", "--dp", "2", "--enable-dp-attention"], ["--tp", "4", "--nnodes", "2"]])
 def test_sim_counts_pools_as_the_launcher_does(argv):
-    from sgl_ess.integration.sglang.launcher_defaults import parallel_layout, pools_per_node
+    from sgl_ess.integration.sglang.launcher.launcher_defaults import parallel_layout, pools_per_node
 
     lay = parallel_layout(argv)
     sim = ParallelLayout(tp=lay["tp"], dp=lay["dp"], nnodes=lay["nnodes"], dp_attention=lay["dp_attention"])
@@ -100,7 +100,7 @@ def test_sim_counts_pools_as_the_launcher_does(argv):
 
 def test_small_scale_matches_the_launcher_and_the_store():
     from sgl_ess.config import EssConfig
-    from sgl_ess.integration.sglang.launcher_defaults import fill_defaults
+    from sgl_ess.integration.sglang.launcher.launcher_defaults import fill_defaults
     from sgl_ess.models import TINY_DSV32_DIR
     from sgl_ess.serving.preflight import DSA_PAGE_SIZE
     from sgl_ess.store import HostLatentPool

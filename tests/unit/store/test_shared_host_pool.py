@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from sgl_ess.integration.sglang import shared_host_pool as shp
+from sgl_ess.integration.sglang.pools import shared_host_pool as shp
 from sgl_ess.store import HostLatentPool
 from sgl_ess.memory.shared_segment import SharedSegment
 

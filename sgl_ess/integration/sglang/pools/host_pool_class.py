@@ -107,6 +107,6 @@ def _around_resolve_kv_pool_class(original_fn, self, *args, kind=None, default=N
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import targets
+    from .. import targets
 
     HookRegistry.register(targets.RESOLVE_KV_POOL_CLASS, _around_resolve_kv_pool_class, HookType.AROUND)

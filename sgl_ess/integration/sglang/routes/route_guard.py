@@ -32,7 +32,7 @@ from sgl_ess.serving.ops_config import OpsConfig
 from sgl_ess.serving.redact import redact
 from sgl_ess.serving.sanitize import error_body, scrub
 
-from . import shutdown
+from ..launcher import shutdown
 
 logger = logging.getLogger("sgl_ess.guard")
 JSON_KEY = "sgl_ess.json"            # scope key: the parsed body (absent: no JSON body)

@@ -36,7 +36,7 @@ import torch
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import targets
+from .. import targets
 
 _FAKE_CAPABILITY = (9, 0)
 

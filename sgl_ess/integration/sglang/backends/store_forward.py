@@ -8,7 +8,7 @@ verifying and closing hot buffers happen here, once.
 
   extend (prefill chunk)   attention over the full history (kernels.prefill), then the request's
                            hot buffers are (re)opened at layer 0 and warmed from the chunk's last
-                           W top-k sets (``EssPoolAdapter.after_extend``), speculative state reset
+                           W top-k sets (``EssPoolAdapter.after_extend``), MTP admission state reset
   mixed chunked prefill    prefill rows as above; running requests riding along (one query, hot
                            buffer open) take the decode path, so their hot buffers stay
   target verify /          one union set per request through the hot buffer and ring
@@ -111,7 +111,7 @@ class StoreForward:
         real = real_rows(forward_batch)
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
-            return self.speculative(q, layer, forward_batch, topk, lay)
+            return self.verify(q, layer, forward_batch, topk, lay)
         if any(self.riding(forward_batch, lay)):
             return self.mixed(q, layer, forward_batch, topk, lay)
         reqs = forward_batch.req_pool_indices
@@ -126,7 +126,7 @@ class StoreForward:
             self.after_prefill(layer, reqs.tolist()[:n], lay.kv_lens[:n], lay.n_q[:n], topk[:real.n_tok])
         return out
 
-    def speculative(self, q, layer, forward_batch, topk, lay: QueryLayout):
+    def verify(self, q, layer, forward_batch, topk, lay: QueryLayout):
         """TARGET_VERIFY / DRAFT_EXTEND_V2: each request's n query tokens sit at committed ..
         committed + n - 1 (their rows were just written); one union set per request."""
         n = lay.n_q[0] if lay.n_q else 0
@@ -208,7 +208,7 @@ class StoreForward:
 
     def after_prefill(self, layer, rows, seq_lens, n_q, topk):
         self.ess.after_extend(layer.layer_id, rows, seq_lens, n_q, topk, self.r2t)
-        self.ess.spec_reset(layer.layer_id, rows, seq_lens)
+        self.ess.mtp_reset(layer.layer_id, rows, seq_lens)
 
     # --- decode ------------------------------------------------------------------------------
     def decode(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import targets
+from .. import targets
 
 _adapters: list = []          # every EssPoolAdapter of this process, target runner first
 

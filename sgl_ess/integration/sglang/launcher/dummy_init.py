@@ -26,7 +26,7 @@ import torch
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import targets
+from .. import targets
 
 ENV = "SGLESS_DUMMY_INIT"
 MOE_WEIGHTS = ("w13_weight", "w2_weight")

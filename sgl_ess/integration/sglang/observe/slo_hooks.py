@@ -58,7 +58,7 @@ def state() -> dict | None:
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import targets
+    from .. import targets
 
     HookRegistry.register(targets.SCHEDULER_RUN_BATCH, _after_run_batch, HookType.AFTER)
     HookRegistry.register(targets.SCHEDULER_ALLOCATABLE, _around_allocatable, HookType.AROUND)

@@ -15,7 +15,8 @@ import threading
 
 from sgl_ess.obs.metrics import BY_NAME
 
-from . import lifecycle, scheduler_state
+from ..pools import lifecycle
+from . import scheduler_state
 
 logger = logging.getLogger("sgl_ess.metrics")
 INTERVAL_S = 1.0

@@ -173,7 +173,7 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from .targets import SPEC_CPU_OPS
+    from ..targets import SPEC_CPU_OPS
 
     for target in SPEC_CPU_OPS:
         HookRegistry.register(target, REPLACEMENTS[target.rsplit(".", 1)[1]], HookType.REPLACE)

@@ -17,7 +17,8 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sgl_ess.attention.overlap import LEVELS
 
-from . import lifecycle, targets
+from ..pools import lifecycle
+from .. import targets
 
 KEY = "ess_prefetch_overlap_level"
 

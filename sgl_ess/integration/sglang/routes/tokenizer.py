@@ -37,7 +37,7 @@ from sgl_ess.serving.admission import refuse_reason
 from sgl_ess.serving.ops_config import ops_from_env
 from sgl_ess.serving.request_rules import ServingFacts, check_generate_fields
 
-from . import crash_handler, shutdown
+from ..launcher import crash_handler, shutdown
 from .status_route import ENV_POOL_SIZING
 
 logger = logging.getLogger("sgl_ess.admission")

@@ -1,6 +1,6 @@
 """Where each forward mode's query tokens sit (EAGLE / NextN MTP included), and the roles an ess
 backend instance plays in a speculative server. Read by the backends, the store forward, the
-padding finder and the indexer; nothing here builds a backend (speculative.py does), so the
+padding finder and the indexer; nothing here builds a backend (eagle.py does), so the
 backends import this without an arrow back up to the factory.
 
 SGLang 0.5.23's EAGLE v2 worker runs, per decode iteration (SGLANG_SEAMS.md §D):

@@ -27,9 +27,10 @@ from sgl_ess.serving.preflight import PortInUse, PreflightError, check_port
 from sgl_ess.serving.redact import redact_argv
 from sgl_ess.serving.route_policy import Keys
 
-from . import auth_keys, process_env, route_guard
+from . import auth_keys, process_env
+from ..routes import route_guard
 from .launcher_defaults import fill_defaults, flag_value, has_flag, int_flag, sizing_json
-from .status_route import ENV_POOL_SIZING
+from ..routes.status_route import ENV_POOL_SIZING
 
 logger = logging.getLogger("sgl_ess")
 PROG = "python -m sgl_ess.launch_server"
@@ -59,7 +60,7 @@ def print_help() -> None:
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.server_args import ServerArgs
 
-    from .targets import ESS_BACKEND_NAME
+    from ..targets import ESS_BACKEND_NAME
 
     p = argparse.ArgumentParser(
         prog=PROG, add_help=False, usage=f"{PROG} [ESS flags] [guard/operations flags] [SGLang flags]",
@@ -110,7 +111,8 @@ def _reason(e: BaseException) -> str:
 def _serve(server_args, keys: Keys) -> None:
     from sglang.launch_server import run_server
 
-    from . import crash_handler, tokenizer
+    from . import crash_handler
+    from ..routes import tokenizer
 
     if server_args.smg_grpc_mode or server_args.encoder_only or server_args.use_ray:
         if keys.api_key or keys.admin_api_key:
@@ -159,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
 
-    from . import compat, crash_handler, health, ops_hooks, request_guard, runtime_config, status_route
+    from . import compat, crash_handler
+    from ..routes import health, request_guard, runtime_config, status_route
+    from .. import ops_hooks
 
     load_plugins()
     if not ops_hooks.is_loaded():

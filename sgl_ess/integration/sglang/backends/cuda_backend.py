@@ -268,11 +268,11 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import targets
+    from .. import targets
 
     HookRegistry.register(targets.DSA_BACKEND_CLASS, backend_class(), HookType.REPLACE)
     HookRegistry.register(targets.INDEXER_FORWARD_CUDA, _around_indexer_forward_cuda, HookType.AROUND)
-    from . import cuda_memory
+    from ..pools import cuda_memory
 
     cuda_memory.register()
     logger.info("sgl-ess: ESS on CUDA - SGLang's DSA backend decodes from the ESS slot space")

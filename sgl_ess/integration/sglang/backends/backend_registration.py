@@ -8,14 +8,15 @@ import logging
 
 from sgl_ess.config import EssConfig, config_from_env
 
-from . import lifecycle, targets
+from ..pools import lifecycle
+from .. import targets
 
 logger = logging.getLogger(__name__)
 
 
 def store_for_runner(runner):
     """The runner's EssPoolAdapter (built on first use), or None with ESS off."""
-    from .pool_adapter import EssPoolAdapter
+    from ..pools.pool_adapter import EssPoolAdapter
 
     cfg = config_from_env() or EssConfig()
     if not cfg.enabled:

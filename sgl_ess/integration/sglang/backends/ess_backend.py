@@ -33,7 +33,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sgl_ess.attention.reference import attend
 
 from .padding import real_rows
-from .pool_adapter import EssPoolAdapter
+from ..pools.pool_adapter import EssPoolAdapter
 from .query_layout import ROLE_TARGET, accepts_early_plans
 from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
 
@@ -69,7 +69,7 @@ def dense_topk_positions(seq_lens: list[int], n_q: list[int], device) -> torch.T
 
 
 class EssSparseAttnBackend(AttentionBackend):
-    # Set by the EAGLE draft factory (speculative.py) on draft-runner backends.
+    # Set by the EAGLE draft factory (eagle.py) on draft-runner backends.
     spec_role = ROLE_TARGET
     speculative_step_id = 0
 

@@ -99,7 +99,7 @@ def _around_profile_available_bytes(original_fn, self, pre_model_load_memory, *a
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from . import targets
+    from .. import targets
 
     HookRegistry.register(targets.POOL_CELL_SIZE, _around_compute_cell_size, HookType.AROUND)
     HookRegistry.register(targets.POOL_BUDGET, _around_profile_available_bytes, HookType.AROUND)

@@ -9,7 +9,7 @@ runner gets its own store (one adapter per model runner, lifecycle.py).
 
 from __future__ import annotations
 
-from . import targets
+from .. import targets
 from .backend_registration import create_ess_backend
 from .query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND
 
@@ -76,7 +76,7 @@ def _before_nextn_post_load(model, *args, **kwargs):
     import logging
     import os
 
-    from .dummy_init import ENV
+    from ..launcher.dummy_init import ENV
 
     if os.environ.get(ENV) == "scaled":
         from sgl_ess.models.mtp_init import shape_mtp_layer
@@ -90,7 +90,7 @@ def _before_nextn_post_load(model, *args, **kwargs):
 def _after_internal_state(result, *args, **kwargs):
     """/ess/status and /health also show the other model runners' stores (the EAGLE draft's)
     under ``draft``; runs after lifecycle's hook, which fills ``ess`` with the target's."""
-    from . import lifecycle
+    from ..pools import lifecycle
 
     others = lifecycle.all_adapters()[1:]
     ess = result.internal_state.get("ess")

@@ -10,7 +10,7 @@ import logging
 from sgl_ess.serving.memory_report import format_report
 from sgl_ess.serving.ops_config import ops_from_env
 
-from . import lifecycle
+from ..pools import lifecycle
 
 logger = logging.getLogger("sgl_ess.memory")
 _scheduler = None

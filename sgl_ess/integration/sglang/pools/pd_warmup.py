@@ -37,7 +37,8 @@ import torch
 from sglang.srt.disaggregation.checksum import is_health_check_req
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import lifecycle, targets
+from . import lifecycle
+from .. import targets
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import logging
 
 from sgl_ess.config import config_from_env
 
-from .scheduler_state import merged
+from ..observe.scheduler_state import merged
 
 logger = logging.getLogger("sgl_ess.health")
 

@@ -271,18 +271,18 @@ class EssPoolAdapter:
 
     # --- speculative decoding (EAGLE / NextN): sgl_ess/store/verify.py ----------------------
     def _committed_rows(self):
-        if getattr(self, "_spec_rows", None) is None:
+        if getattr(self, "_mtp_rows", None) is None:
             from sgl_ess.store.verify import CommittedRows
 
-            self._spec_rows = CommittedRows(self.layers, self.store_cfg.max_requests, self.store.device)
-            self.spec_steps = 0          # speculative forwards (verify, draft extend) x layers
-            self.spec_window_entries = 0  # entries read from the forward's own rows (host)
-            self.spec_overflow_entries = 0  # committed entries past the hot buffer, read from host
-        return self._spec_rows
+            self._mtp_rows = CommittedRows(self.layers, self.store_cfg.max_requests, self.store.device)
+            self.mtp_steps = 0          # MTP forwards (target verify, draft extend) x layers
+            self.mtp_window_entries = 0  # entries read from the forward's own rows (host)
+            self.mtp_overflow_entries = 0  # committed entries past the hot buffer, read from host
+        return self._mtp_rows
 
-    def spec_reset(self, layer: int, rows: list[int], committed: list[int]) -> None:
+    def mtp_reset(self, layer: int, rows: list[int], committed: list[int]) -> None:
         """After a prefill chunk: rows below `committed` are final and already offered to the
-        hot buffer (warmup), so later speculative steps admit only newer ones."""
+        hot buffer (warmup), so later MTP steps admit only newer ones."""
         with self._lock:
             self._committed_rows().reset(layer, torch.tensor(rows, dtype=torch.int64),
                                          torch.tensor(committed, dtype=torch.int64))
@@ -296,7 +296,7 @@ class EssPoolAdapter:
 
     def verify(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor, topk: torch.Tensor,
                req_to_token: torch.Tensor, attend_rows, micro_batch: int = 0) -> torch.Tensor:
-        """One layer of a speculative forward (TARGET_VERIFY, DRAFT_EXTEND_V2): the rows that became
+        """One layer of an MTP forward (TARGET_VERIFY, DRAFT_EXTEND_V2): the rows that became
         final since the last step are admitted, then the n top-k rows of each request resolve as
         one union set; window and overflow entries are read from the host pool.
         reqs/committed int64 [b]; topk int [b, n, k] positions;
@@ -312,9 +312,9 @@ class EssPoolAdapter:
             rows, valid = gather_rows(self.store, plan, layer)
             out = attend_rows(rows.view(self.dtype).view(rows.shape[0], rows.shape[1], self.kv_dim), valid)
             self.store.commit(plan.step)
-            self.spec_steps += 1
-            self.spec_window_entries += plan.window.sum()       # device counts: read by spec_usage only
-            self.spec_overflow_entries += plan.overflow.sum()
+            self.mtp_steps += 1
+            self.mtp_window_entries += plan.window.sum()       # device counts: read by path_usage only
+            self.mtp_overflow_entries += plan.overflow.sum()
             return out
 
     def decode_committed(self, batch_key: int, layer: int, q3: torch.Tensor, reqs: torch.Tensor,
@@ -352,16 +352,16 @@ class EssPoolAdapter:
         """Running requests served by the decode path inside a mixed chunked-prefill batch."""
         self.mixed_decode_rows = getattr(self, "mixed_decode_rows", 0) + rows
 
-    def spec_usage(self) -> dict:
-        """Counters of the speculative and mixed-batch paths (empty until one runs)."""
+    def path_usage(self) -> dict:
+        """Counters of the MTP (verify, draft extend) and mixed-batch paths (empty until one runs)."""
         out = {}
         if getattr(self, "mixed_decode_rows", 0):
             out["mixed_decode_rows"] = self.mixed_decode_rows
-        if getattr(self, "_spec_rows", None) is None:
+        if getattr(self, "_mtp_rows", None) is None:
             return out
-        return {**out, "spec_steps": self.spec_steps, "spec_rows_admitted": self._spec_rows.rows_admitted,
-                "spec_window_entries": int(self.spec_window_entries),
-                "spec_overflow_entries": int(self.spec_overflow_entries)}
+        return {**out, "mtp_steps": self.mtp_steps, "mtp_rows_admitted": self._mtp_rows.rows_admitted,
+                "mtp_window_entries": int(self.mtp_window_entries),
+                "mtp_overflow_entries": int(self.mtp_overflow_entries)}
 
     def is_open(self, req: int) -> bool:
         return self.store.is_open(req)
@@ -489,7 +489,7 @@ class EssPoolAdapter:
                  pd_wire_row_bytes=self.pd_wire_row_bytes,
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  bytes_h2d=snap["bytes_h2d"], bytes_d2h=snap["bytes_d2h"])
-        u.update(self.spec_usage())
+        u.update(self.path_usage())
         if self.share is not None:
             u.update(self.share.describe())
         return u

@@ -66,7 +66,7 @@ def pd_queues(scheduler) -> dict:
 
 def ops_state(scheduler) -> dict:
     """The ``ess_ops`` entry of the internal state: pool split and queue (ESS on or off)."""
-    from . import lifecycle
+    from ..pools import lifecycle
 
     if scheduler is None:
         return {}

@@ -15,7 +15,7 @@ import os
 
 from sgl_ess.config import ENV_CONFIG_JSON
 
-from .scheduler_state import merged
+from ..observe.scheduler_state import merged
 
 ENV_POOL_SIZING = "SGLESS_POOL_SIZING"   # set by the launcher: {"tokens": N, "source": "..."}
 

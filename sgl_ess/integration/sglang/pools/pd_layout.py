@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from . import targets
+from .. import targets
 
 
 def mismatch(src_item_len: int, dst_item_len: int | None, page_size: int | None) -> str | None:

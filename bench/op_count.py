@@ -8,10 +8,12 @@ count, not a timing). The torch profiler records the ATen ops the Python code ca
 an op inside another op is not counted again).
 
   ops               top-level ATen ops per layer-step (all of them)
-  launch_estimate   the ops that are not pure metadata (views, reshapes, empty allocations): a
-                    rough figure, not a launch count - each FlashTrans copy counts as its torch
-                    path's ops (~7) where CUDA runs one kernel, and host-to-device index copies
-                    are no-ops on CPU; the resolver counts as one Triton kernel per call
+  launch_estimate   the ops that are not pure metadata (views, reshapes, empty allocations), with
+                    each call of a kernel that is one Triton launch on CUDA counted once (KERNELS:
+                    the resolver, the plan epilogue, FlashTrans copy / move); their torch
+                    references run here. An estimate, not a launch count: host-to-device index
+                    copies are no-ops on CPU
+  kernel_calls      those one-launch kernel calls, by name
   resolver_ops      of `ops`, those inside the resolver (the torch order-list path on CPU)
   host_reads        aten::item / aten::_local_scalar_dense (a device -> host read on CUDA; a
                     .tolist() or a .cpu() of a device tensor is not seen on CPU)
@@ -31,6 +33,11 @@ METADATA_OPS = {
     "aten::split", "aten::unbind", "aten::chunk", "aten::narrow", "aten::contiguous", "aten::result_type",
 }
 HOST_READS = {"aten::item", "aten::_local_scalar_dense"}
+# (module, function, label): each is one Triton launch on CUDA; here its torch reference runs
+KERNELS = [("sgl_ess.store.latent_store", "assign", "resolver"),
+           ("sgl_ess.store.latent_store", "plan_epilogue_torch", "plan_epilogue"),
+           ("sgl_ess.prefetch.stream_engine", "copy_rows", "flashtrans_copy"),
+           ("sgl_ess.prefetch.stream_engine", "move_rows", "flashtrans_move")]
 
 
 class HostStreams:
@@ -98,7 +105,6 @@ def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int =
     """Per layer-step counts of a warm decode step (after `steps - 1` steps of the same shape)."""
     from sgl_ess.prefetch.stream_engine import StreamEngine
     from sgl_ess.store import LatentStore, RequestTable, StoreConfig
-    from sgl_ess.store import resolver as resolver_mod
 
     cfg = StoreConfig(num_layers=1, row_bytes=656, host_capacity_tokens=batch * (context + steps) + 64,
                       hot_slots_per_request=slots, max_requests=batch, topk=k, max_context_tokens=context + steps)
@@ -109,14 +115,20 @@ def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int =
     ids = list(range(batch))
     for i in ids:
         table.add(i, context)
-    original_assign = resolver_mod.assign
+    import importlib
 
-    def labelled_assign(*a, **kw):
-        with torch.profiler.record_function("sgl_ess::resolver"):
-            return original_assign(*a, **kw)
+    originals = []
+    for mod_name, fn, label in KERNELS:
+        mod = importlib.import_module(mod_name)
+        original = getattr(mod, fn, None)
+        if original is None:            # an older tree without this kernel (before/after comparisons)
+            continue
+        originals.append((mod, fn, original))
 
-    import sgl_ess.store.latent_store as ls
-    ls.assign = labelled_assign
+        def labelled(*a, _f=original, _label=label, **kw):
+            with torch.profiler.record_function("sgl_ess::kernel::" + _label):
+                return _f(*a, **kw)
+        setattr(mod, fn, labelled)
     try:
         prof = None
         for step in range(steps):
@@ -141,18 +153,32 @@ def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int =
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 layer_step()
     finally:
-        ls.assign = original_assign
+        for mod, fn, original in originals:
+            setattr(mod, fn, original)
         store.shutdown()
-    top = _top_level(prof.events())
+    events = prof.events()
+    top = _top_level(events)
     names = collections.Counter(e.name for e in top)
-    resolver = [e for e in top if _under(e, "sgl_ess::resolver")]
+    kernel = lambda e: any(_under(e, "sgl_ess::kernel::" + label) for _, _, label in KERNELS)  # noqa: E731
+    calls = collections.Counter(e.name.rsplit("::", 1)[1] for e in events
+                                if e.name.startswith("sgl_ess::kernel::") and not _in_kernel(e))
     launches = [e for e in top if _launches(e)]
-    launches_outside = [e for e in launches if not _under(e, "sgl_ess::resolver")]
     return {
         "shape": {"batch": batch, "k": k, "hot_slots": slots, "context": context},
-        "ops": len(top), "resolver_ops": len(resolver),
+        "ops": len(top), "resolver_ops": sum(1 for e in top if _under(e, "sgl_ess::kernel::resolver")),
         "launch_estimate_cpu_path": len(launches),
-        "launch_estimate_cuda": len(launches_outside) + (2 if resolver else 0),   # reserve's and plan's resolver calls
+        "launch_estimate_cuda": sum(1 for e in launches if not kernel(e)) + sum(calls.values()),
+        "kernel_calls": dict(calls),
         "host_reads": sum(names[n] for n in HOST_READS),
         "top_ops": dict(names.most_common(12)),
     }
+
+
+def _in_kernel(e) -> bool:
+    """A kernel region inside another one (e.g. a copy the resolver's torch path makes) is not a launch."""
+    p = e.cpu_parent
+    while p is not None:
+        if p.name.startswith("sgl_ess::kernel::"):
+            return True
+        p = p.cpu_parent
+    return False

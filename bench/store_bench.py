@@ -227,7 +227,8 @@ def main(argv=None) -> int:
           "(one call each: a single timing)")
     ops = count_plan_ops()
     print(f"device path per decode layer-step ({ops['shape']}): {ops['ops']} ATen ops, ~{ops['launch_estimate_cuda']} "
-          f"kernel launches on CUDA (resolver as one Triton kernel per call), {ops['host_reads']} host reads "
+          f"kernel launches on CUDA (each resolver, plan-epilogue and FlashTrans call one Triton launch: "
+          f"{ops['kernel_calls']}), {ops['host_reads']} host reads "
           "(goal: <= 10 launches, 0 host reads)", flush=True)
     path = write_result("store", {
         "config": vars(args), "torch_threads": torch.get_num_threads(),

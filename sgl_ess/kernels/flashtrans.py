@@ -2,7 +2,11 @@
 
 `copy_rows(src, src_idx, dst, dst_idx)` copies `src[src_idx[i]] -> dst[dst_idx[i]]` for every
 i where both indices are >= 0 (entries of -1 are skipped, so a caller can pass a whole
-`[batch*k]` step without first compacting it: no host sync).
+`[batch*k]` step without first compacting it: no host sync). `move_rows(rows, src_idx, dst_idx)`
+does the same within one tensor and then zeroes every source row it read (the store's commit:
+staged ring rows into hot slots, the ring rows wiped), in one launch. Both add the number of rows
+they moved to `count` (int64 0-d on the rows' device) when it is given: the engine's per-tier
+accounting without a launch of its own.
 
   src:     uint8 [S, row_bytes]   host rows (pinned on CUDA) or device rows
   src_idx: int64 [M]              row indices into src, -1 = skip
@@ -25,17 +29,49 @@ import torch
 
 
 def copy_rows(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor,
-              backend: str = "auto") -> None:
+              backend: str = "auto", count: torch.Tensor | None = None) -> None:
     _check(src, src_idx, dst, dst_idx)
-    if backend == "auto":
-        backend = "triton" if (dst.is_cuda or src.is_cuda) and triton_available() else "torch"
+    backend = _backend(backend, src, dst)
     if backend == "torch":
+        if count is not None:
+            count += ((src_idx >= 0) & (dst_idx >= 0)).sum()
         copy_rows_torch(src, src_idx, dst, dst_idx)
-    elif backend == "triton":
-        from sgl_ess.kernels.flashtrans_triton import copy_rows_triton
-        copy_rows_triton(src, src_idx, dst, dst_idx)
     else:
+        from sgl_ess.kernels.flashtrans_triton import copy_rows_triton
+        copy_rows_triton(src, src_idx, dst, dst_idx, count)
+
+
+def move_rows(rows: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor, backend: str = "auto",
+              count: torch.Tensor | None = None) -> None:
+    """rows[dst_idx[i]] = rows[src_idx[i]], then rows[src_idx[i]] = 0, for every i with both >= 0.
+    Sources and destinations must be disjoint sets of rows, each source read once (the store's
+    ring rows and hot slots)."""
+    _check(rows, src_idx, rows, dst_idx)
+    backend = _backend(backend, rows, rows)
+    if backend == "torch":
+        move_rows_torch(rows, src_idx, dst_idx, count)
+    else:
+        from sgl_ess.kernels.flashtrans_triton import move_rows_triton
+        move_rows_triton(rows, src_idx, dst_idx, count)
+
+
+def move_rows_torch(rows: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor,
+                    count: torch.Tensor | None = None) -> None:
+    """Reference of move_rows: every copy first, then every zeroing."""
+    valid = (src_idx >= 0) & (dst_idx >= 0)
+    if count is not None:
+        count += valid.sum()
+    copy_rows_torch(rows, src_idx, rows, dst_idx)
+    zero = torch.zeros((1, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+    copy_rows_torch(zero, torch.where(valid, 0, -1), rows, torch.where(valid, src_idx, -1))
+
+
+def _backend(backend: str, src: torch.Tensor, dst: torch.Tensor) -> str:
+    if backend == "auto":
+        return "triton" if (dst.is_cuda or src.is_cuda) and triton_available() else "torch"
+    if backend not in ("torch", "triton"):
         raise ValueError(f"FlashTrans backend {backend!r}: expected 'auto', 'torch' or 'triton'")
+    return backend
 
 
 def copy_rows_torch(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor,

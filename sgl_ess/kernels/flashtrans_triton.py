@@ -14,8 +14,8 @@ from sgl_ess.kernels.uva import device_view
 
 
 @triton.jit
-def _copy_rows_kernel(src_ptr, src_idx_ptr, dst_ptr, dst_idx_ptr, words_per_row: tl.constexpr,
-                      BLOCK: tl.constexpr):
+def _copy_rows_kernel(src_ptr, src_idx_ptr, dst_ptr, dst_idx_ptr, count_ptr, words_per_row: tl.constexpr,
+                      BLOCK: tl.constexpr, ZERO_SRC: tl.constexpr, COUNT: tl.constexpr):
     i = tl.program_id(0)
     s = tl.load(src_idx_ptr + i).to(tl.int64)
     d = tl.load(dst_idx_ptr + i).to(tl.int64)
@@ -27,10 +27,25 @@ def _copy_rows_kernel(src_ptr, src_idx_ptr, dst_ptr, dst_idx_ptr, words_per_row:
         m = (offs < words_per_row) & live
         v = tl.load(src_ptr + s * words_per_row + offs, mask=m)
         tl.store(dst_ptr + d * words_per_row + offs, v, mask=m)
+        if ZERO_SRC:                     # move: this program is the row's only reader
+            tl.store(src_ptr + s * words_per_row + offs, tl.zeros_like(v), mask=m)
+    if COUNT:
+        tl.atomic_add(count_ptr, live.to(tl.int64))
+
+
+def move_rows_triton(rows: torch.Tensor, src_idx: torch.Tensor, dst_idx: torch.Tensor,
+                     count: torch.Tensor | None = None) -> None:
+    """move_rows in one launch (flashtrans.move_rows): each program copies its row and zeroes the
+    source; sources and destinations are disjoint, so no program reads a row another writes."""
+    _launch(rows, src_idx, rows, dst_idx, count, zero_src=True)
 
 
 def copy_rows_triton(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor,
-                     dst_idx: torch.Tensor) -> None:
+                     dst_idx: torch.Tensor, count: torch.Tensor | None = None) -> None:
+    _launch(src, src_idx, dst, dst_idx, count, zero_src=False)
+
+
+def _launch(src, src_idx, dst, dst_idx, count, zero_src: bool) -> None:
     m = src_idx.numel()
     if m == 0:
         return
@@ -49,4 +64,7 @@ def copy_rows_triton(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor
     else:
         src_w, dst_w, words = src, dst, row_bytes
     block = min(256, triton.next_power_of_2(words))
-    _copy_rows_kernel[(m,)](src_w, src_idx, dst_w, dst_idx, words, BLOCK=block)
+    if zero_src:
+        dst_w = src_w                    # one tensor (a separate device view would alias it)
+    _copy_rows_kernel[(m,)](src_w, src_idx, dst_w, dst_idx, count if count is not None else src_idx, words,
+                            BLOCK=block, ZERO_SRC=zero_src, COUNT=count is not None)

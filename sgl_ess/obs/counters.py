@@ -22,8 +22,12 @@ class StoreCounters:
         z = lambda *s: torch.zeros(s, dtype=torch.int64, device=device)  # noqa: E731
         self.row_bytes = row_bytes
         self.hits, self.misses = z(num_layers, max_requests), z(num_layers, max_requests)
-        self.layer_hits, self.layer_misses = z(num_layers), z(num_layers)
-        self.rows_h2d, self.rows_d2h, self.warmup_rows = z(num_layers), z(num_layers), z(num_layers)
+        # [L, 3]: a layer's hits, misses and rows fetched side by side, so a fused kernel updates
+        # them through one pointer (sgl_ess/kernels/plan_epilogue_triton.py); the names are views
+        self.step_counts = z(num_layers, 3)
+        self.layer_hits, self.layer_misses = self.step_counts[:, 0], self.step_counts[:, 1]
+        self.rows_h2d = self.step_counts[:, 2]
+        self.rows_d2h, self.warmup_rows = z(num_layers), z(num_layers)
         self.refetch_rows = z(num_layers)
 
     def reset_request(self, req: int) -> None:

@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from sgl_ess.kernels.flashtrans import copy_rows
+from sgl_ess.kernels.flashtrans import copy_rows, move_rows
 from sgl_ess.prefetch.engine import FetchEngine, Ticket
 from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.prefetch.plan import TIERS, CopyPlan
@@ -188,20 +188,19 @@ class StreamEngine(FetchEngine):
         return False
 
     def _run(self, plan: CopyPlan, src: torch.Tensor, dst: torch.Tensor) -> None:
-        mem = self.mem
+        """One launch per plan (the row count added in the kernel, flashtrans.py)."""
+        mem, count = self.mem, self.rows[plan.tier]
         if plan.kind == "h2s":
-            copy_rows(mem.host[plan.layer], src, mem.slots, dst, self.backend)
+            copy_rows(mem.host[plan.layer], src, mem.slots, dst, self.backend, count=count)
         elif plan.kind == "s2h":
-            copy_rows(mem.slots, src, mem.host[plan.layer], dst, self.backend)
+            copy_rows(mem.slots, src, mem.host[plan.layer], dst, self.backend, count=count)
+        elif plan.kind == "move":
+            # the staged rows just read are zeroed in the same launch (static shapes, no host sync). Their
+            # tags may stay: on a device stream nothing re-checks ring tags, and a speculative staging is
+            # claimed once.
+            move_rows(mem.slots, src, dst, self.backend, count=count)
         else:
-            copy_rows(mem.slots, src, mem.slots, dst, self.backend)
-            if plan.kind == "move":
-                # zero the staged rows just read (static shapes, no host sync). Their tags may stay: on a
-                # device stream nothing re-checks ring tags, and a speculative staging is claimed once.
-                valid = (src >= 0) & (dst >= 0)
-                copy_rows(self.zero_row, torch.where(valid, 0, -1), mem.slots, torch.where(valid, src, -1),
-                          self.zero_backend)
-        self.rows[plan.tier] += ((src >= 0) & (dst >= 0)).sum()
+            copy_rows(mem.slots, src, mem.slots, dst, self.backend, count=count)
 
     def _order_all(self):
         """The compute stream's next work waits for everything both side streams were given."""

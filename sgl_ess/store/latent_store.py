@@ -40,7 +40,7 @@ from sgl_ess.store.resolver import assign
 from sgl_ess.store.slot_space import SlotSpace
 from sgl_ess.prefetch.predictors import PredictorContext, make_predictor
 from sgl_ess.store.speculative import SpeculativeOptions, SpeculativeStager
-from sgl_ess.store.step_plan import StepPlan, miss_destinations, read_locations
+from sgl_ess.store.step_plan import StepPlan, miss_destinations, plan_epilogue_torch, read_locations
 from sgl_ess.store.validate import check_rows, check_topk
 from sgl_ess.store.warm_state import lru_tokens, set_warm_state, state_from_lru_tokens
 
@@ -131,6 +131,7 @@ class LatentStore:
         self._seq = 0
         self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
+        self._redirect = None                          # the Triton plan epilogue's scratch (first use)
         # zeroing that must land before host writes: each zero plan and the layers already fenced
         self._host_fence: list[tuple[Ticket, set[int]]] = []
 
@@ -365,6 +366,8 @@ class LatentStore:
         tokens = topk.to(self.device, torch.int64)
         groups = self.groups_of(reqs)
         a = assign(self.hot, layer, groups, seq_lens, tokens, backend=self.resolver_backend)
+        if self.spec is None:
+            return self._plan_fused(layer, micro_batch, reqs, groups, tokens, a, req_to_host, group)
         self.counters.add_step(layer, groups, a.hit, a.miss)
         n = self.cfg.hot_slots_per_request
         hot_abs = self._hot_abs(layer, groups, a.slots)
@@ -394,6 +397,36 @@ class LatentStore:
         if self.spec is not None:
             self.spec.after_plan(layer, reqs, seq_lens, tokens, req_to_host, micro_batch)
         return step
+
+    def _plan_fused(self, layer, micro_batch, reqs, groups, tokens, a, req_to_host, group) -> StepPlan:
+        """`plan` without a speculative tier: the resolver's result turned into the step in one
+        epilogue (torch ops here; one Triton launch with the Triton resolver, i.e. on CUDA)."""
+        seq = self.next_seq()
+        args = (a.slots, a.miss, a.hit, tokens, reqs, groups, req_to_host.to(self.device))
+        kw = dict(hot_base=self.slots.hot_base(layer), n_slots=self.cfg.hot_slots_per_request,
+                  ring_first=self.slots.ring_row(group, 0), ring_cap=self.slots.ring_slots)
+        if self.resolver_backend == "triton":
+            from sgl_ess.kernels.plan_epilogue_triton import plan_epilogue_triton
+
+            c = self.counters
+            out = plan_epilogue_triton(*args, self._redirect_scratch(micro_batch), hits_row=c.hits[layer],
+                                       misses_row=c.misses[layer], layer_counts=c.step_counts[layer], **kw)
+        else:
+            out = plan_epilogue_torch(*args, self.counters, layer, **kw)
+        read, staged, hot_dst, ring_dst, host_src, fetch_dst = out
+        step = StepPlan(layer=layer, micro_batch=micro_batch, seq=seq, reqs=reqs, read_slots=read, staged=staged,
+                        hot_dst=hot_dst, ring_dst=ring_dst, host_src=host_src,
+                        spec_dst=None)
+        step.ticket = self._submit(CopyPlan("h2s", host_src, fetch_dst, layer=layer, tier="immediate",
+                                            micro_batch=micro_batch, tag_seq=seq))
+        return step
+
+    def _redirect_scratch(self, micro_batch: int) -> torch.Tensor:
+        """The Triton plan epilogue's zeroed scratch, one per micro-batch (int32 [R, N + 1])."""
+        if self._redirect is None:
+            self._redirect = torch.zeros((self.cfg.ring_micro_batches, self.cfg.max_requests,
+                                          self.cfg.hot_slots_per_request + 1), dtype=torch.int32, device=self.device)
+        return self._redirect[micro_batch]
 
     def next_seq(self) -> int:
         self._seq += 1
@@ -426,9 +459,12 @@ class LatentStore:
         if step.committed:
             return
         self.land(step)
-        src = torch.where(step.ring_dst >= 0, step.ring_dst, step.spec_dst)
-        plan = CopyPlan("move", src, torch.where(src >= 0, step.hot_dst, -1), tier="background",
-                        micro_batch=step.micro_batch, note="commit")
+        if step.spec_dst is None:       # an entry moves where both are set: the copy kernels mask the rest
+            src, dst = step.ring_dst, step.hot_dst
+        else:
+            src = torch.where(step.ring_dst >= 0, step.ring_dst, step.spec_dst)
+            dst = torch.where(src >= 0, step.hot_dst, -1)
+        plan = CopyPlan("move", src, dst, tier="background", micro_batch=step.micro_batch, note="commit")
         ticket = self._submit(plan)
         self._group_fence[self._ring_group(step.layer, step.micro_batch)] = ticket
         if self.spec is not None:
@@ -462,7 +498,9 @@ class LatentStore:
             self.trace.touch(layer, reqs, positions + 1, positions.unsqueeze(1))
         groups = self.groups_of(reqs)
         a = assign(self.hot, layer, groups, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
-        return self._hot_abs(layer, groups, a.slots)[:, 0]
+        # the newest token always gets a slot: its absolute row in two ops (no -1 to mask)
+        rows = torch.add(a.slots[:, 0], groups, alpha=self.cfg.hot_slots_per_request)
+        return rows.add_(self.slots.hot_base(layer))
 
     def admit(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
               validate: bool = True) -> None:
@@ -569,7 +607,8 @@ class LatentStore:
         read = step.read_slots.to(torch.int64)
         size = self.slots.total_slots - self.slots.ring_base
         lut = torch.full((size + 1,), -1, dtype=torch.int64, device=self.device)
-        src = torch.where(step.ring_dst >= 0, step.ring_dst, step.spec_dst)
+        src = step.ring_dst if step.spec_dst is None else torch.where(step.ring_dst >= 0, step.ring_dst,
+                                                                        step.spec_dst)
         lut.index_copy_(0, torch.where(src >= 0, src - self.slots.ring_base, size), step.hot_dst)
         staged_row = read >= self.slots.ring_base
         via = lut[torch.where(staged_row, read - self.slots.ring_base, size)]

@@ -32,7 +32,8 @@ class StepPlan:
     hot_dst     int64 [M]     hot-slot rows of the misses (for commit)
     ring_dst    int64 [M]     ring rows the misses are fetched into, -1 where a miss went straight
                               to its hot slot or was staged speculatively
-    spec_dst    int64 [M]     speculative rows that already held a miss, -1 elsewhere
+    spec_dst    int64 [M]     speculative rows that already held a miss, -1 elsewhere (None: the
+                              store has no speculative tier)
     host_src    int64 [M]     host locations of the misses (inline re-fetch on a bad tag)
     ticket      the engine's handle for the fetch (None when nothing had to move)
     """
@@ -46,7 +47,7 @@ class StepPlan:
     hot_dst: torch.Tensor
     ring_dst: torch.Tensor
     host_src: torch.Tensor
-    spec_dst: torch.Tensor
+    spec_dst: torch.Tensor | None
     ticket: Ticket | None = None
     landed: bool = False
     committed: bool = False
@@ -88,3 +89,22 @@ def read_locations(slots: torch.Tensor, hot_abs: torch.Tensor, miss: torch.Tenso
     read = torch.where(via >= 0, via, hot_abs)
     read = torch.where(slots >= 0, read, -1)
     return read, waits.gather(1, lookup)
+
+
+def plan_epilogue_torch(slots, miss, hit, tokens, reqs, groups, req_to_host, counters, layer: int, *, hot_base: int,
+                        n_slots: int, ring_first: int, ring_cap: int):
+    """Everything `LatentStore.plan` does after the resolver when no speculative staging is claimed:
+    hot rows, miss destinations, read locations, the fetch and commit indices, the counters. The
+    reference of sgl_ess.kernels.plan_epilogue_triton (one launch on CUDA).
+
+    slots int64 [b, k] local LRU slot (-1 padding); miss / hit bool [b, k]; tokens int64 [b, k];
+    reqs / groups int64 [b]; req_to_host int64 [R, C]. Returns (read int32 [b, k], staged bool
+    [b, k], hot_dst, ring_dst, host_src, fetch_dst int64 [b*k], -1 where none)."""
+    hot_abs = torch.where(slots >= 0, hot_base + groups.unsqueeze(1) * n_slots + slots, -1)
+    counters.add_step(layer, groups, hit, miss)
+    dst, to_ring = miss_destinations(miss, hot_abs, ring_first, ring_cap)
+    read, staged = read_locations(slots, hot_abs, miss, dst, miss, n_slots)
+    miss_f, dst_f = miss.reshape(-1), dst.reshape(-1)
+    host_src = torch.where(miss_f, req_to_host[reqs.unsqueeze(1), tokens.clamp(min=0)].reshape(-1), -1)
+    return (read.to(torch.int32), staged, torch.where(miss_f, hot_abs.reshape(-1), -1),
+            torch.where(to_ring.reshape(-1) & miss_f, dst_f, -1), host_src, torch.where(miss_f, dst_f, -1))

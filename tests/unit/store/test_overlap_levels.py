@@ -64,7 +64,7 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, specul
             steps = plan_layer(store, mode, layer, reqs, lens, topk, table.req_to_host)
             staged_total += sum(int(s.staged.sum()) for s in steps)
             for s in steps:
-                spec_used_by_mb[s.micro_batch] += int((s.spec_dst >= 0).sum())
+                spec_used_by_mb[s.micro_batch] += 0 if s.spec_dst is None else int((s.spec_dst >= 0).sum())
             if store.spec is not None:
                 held = [set(rows.tolist()) for _, rows, _ in store.spec.pending.values()]
                 spec_shared_rows += sum(len(a & b) for i, a in enumerate(held) for b in held[i + 1:])

@@ -148,9 +148,8 @@ def gather_rows(store, plan: UnionPlan, layer: int) -> tuple[torch.Tensor, torch
     """The bytes every entry of a landed `plan` reads: uint8 [b*n, k, row_bytes] (hot slots and
     ring rows from the slot space, window and overflow entries from the host pool - on CUDA read
     zero-copy by FlashTrans, only those entries: an explicit choice the adapter counts,
-    spec_window / mtp_overflow_entries)
-    and valid bool
-    [b*n, k]. Call after `store.land(plan.step)`."""
+    mtp_window_entries / mtp_overflow_entries) and valid bool [b*n, k]. Call after
+    `store.land(plan.step)`."""
     from_host = plan.host_locs >= 0
     out = store.slot_rows[plan.read_slots.long().clamp(min=0)]                 # [b*n, k, row_bytes]
     # the window / overflow entries over them, from the host pool: FlashTrans copies only the

@@ -1,7 +1,10 @@
 """Child process (TRITON_INTERPRET=1): the store's CUDA code path run on this CPU - the Triton
 resolver, Triton FlashTrans for every row move, and the Triton sparse MLA decode over the slot
 space - in lockstep with the torch path (torch resolver, torch copies, torch reference attention)
-on one decode trace with misses, ring overflow and DA. Run by test_store_triton_path.py."""
+on one decode trace with misses, ring overflow and DA. The `stream` variants run the Triton store on
+the CUDA side-stream engine (prefetch/stream_engine.StreamEngine) with its Triton FlashTrans copy and
+move kernels and streams that complete work late and out of order (tests/stream_doubles.LateStreams),
+the slot bytes compared once every stream has run. Run by test_store_triton_path.py."""
 import torch
 
 from sgl_ess.kernels.latent_layout import LatentLayout
@@ -24,9 +27,16 @@ def make(backend):
     return store, RequestTable(store)
 
 
-def lockstep(mode):
+def lockstep(mode, stream=False):
     g = torch.Generator().manual_seed(3)
     (s_t, tab_t), (s_k, tab_k) = make("torch"), make("triton")
+    rt = None
+    if stream:
+        from sgl_ess.prefetch.stream_engine import StreamEngine
+        from tests.stream_doubles import LateStreams
+
+        rt = LateStreams(seed=11)
+        s_k.engine = StreamEngine(s_k.memory, "triton", device="cpu", runtime=rt, zero_backend="triton")
     ids = list(range(len(CONTEXTS)))
     lat = {i: [torch.randn(c + STEPS, LAY.dim, generator=g) for _ in range(LAYERS)] for i, c in zip(ids, CONTEXTS)}
     for store, tab in ((s_t, tab_t), (s_k, tab_k)):
@@ -61,6 +71,9 @@ def lockstep(mode):
             ref = decode_layer(store_t, mode, q, st_t, lambda qq, rows, sl: sparse_mla_decode(qq, rows, sl, LAY, SCALE))
             got = decode_layer(store_k, mode, q, st_k,
                                lambda qq, rows, sl: sparse_mla_decode_triton(qq, rows, sl, LAY, SCALE))
+            if rt is not None:
+                rt.progress(3)             # some side-stream work completes now, some later
+                rt.finish()                # every stream has run: the bytes must be the torch path's
             assert torch.equal(store_t.slot_rows, store_k.slot_rows), f"step {step} layer {layer}: slot bytes differ"
             start = 0
             for sp, (want, _, tol) in zip(st_t, wants):
@@ -69,6 +82,10 @@ def lockstep(mode):
                 assert bool((err <= tol).all()), f"step {step} layer {layer}: attention error {float(err.max()):.3e}"
                 start += b
             assert got.shape == ref.shape and got.dtype == ref.dtype
+    if rt is not None:                 # the copy kernels counted every fetched row: one per miss
+        fetched = int(s_k.engine.stats()["tiers"]["immediate"]["rows"])
+        misses = int(s_k.counters.layer_misses.sum())
+        assert misses > 0 and fetched == misses == int(s_t.counters.layer_misses.sum()), (fetched, misses)
     for store, tab in ((s_t, tab_t), (s_k, tab_k)):
         for i in ids:
             tab.release(i)
@@ -78,3 +95,5 @@ def lockstep(mode):
 if __name__ == "__main__":
     for mode in ("none", "da", "dba"):
         report(f"store_triton_path:{mode}", lambda m=mode: lockstep(m))
+    for mode in ("none", "da"):
+        report(f"store_triton_path:{mode}:stream", lambda m=mode: lockstep(m, stream=True))

@@ -7,7 +7,8 @@ order (tests/stream_doubles.LateStreams). Swapped, and nothing else: FlashMLA ->
 MLA (tests/integration/_cuda_fake.flash_mla_stub), MTP verify's fp32 torch attention -> float64 (both
 as the CPU path accumulates, so outputs compare exactly), SGLang's FP8 quantizer -> identity (BF16 rows),
 its seqlens Triton kernel -> torch, our Triton decode -> its torch reference, the device capability
--> (9, 0), the stream runtime -> the late double. Python runs sitecustomize at start, so SGLang's
+-> (9, 0), the stream runtime -> the late double; and the CPU graph runner's padding value (a method
+SGLang asks of backends on a CPU device) answered by the class's CUDA one. Python runs sitecustomize at start, so SGLang's
 spawned processes (scheduler, detokenizer) get the same fakes; each is installed right after the
 module it patches is first imported."""
 import os
@@ -27,7 +28,11 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
         mod.seqlens_expand_triton = ref_seqlens_expand
         from sgl_ess.integration.sglang.backends.cuda_backend import backend_class
 
-        mod.DeepseekSparseAttnBackend = backend_class()      # its base: SGLang's class, read before this
+        cls = backend_class()                                 # its base: SGLang's class, read before this
+        # SGLang asks a backend on a CPU device for the CPU graph runner's padding value (DP attention
+        # pads with it); its DSA backend, CUDA-only, has the CUDA method alone: the same value
+        cls.get_cpu_graph_seq_len_fill_value = lambda self: self.get_cuda_graph_seq_len_fill_value()
+        mod.DeepseekSparseAttnBackend = cls
 
     def _triton_decode(mod):
         from sgl_ess.attention.reference import sparse_mla_decode

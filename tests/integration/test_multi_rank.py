@@ -24,6 +24,11 @@ import pytest
 
 from ._server import ess_live_zero, group_processes
 from .conftest import _start
+from .test_gpu_fake_server import GPU_FAKE_ENV
+
+# GPU fake (tests/gpu_fake_site): every rank runs ESS's CUDA subclass of SGLang's DSA backend and the
+# side-stream engine, with only FlashMLA, the FP8 quantizer and the stream runtime swapped
+GPU_FAKE_ARGS = ["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse"]
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +63,14 @@ def _wait_live_zero(srv, timeout_s=60):
 @pytest.fixture(scope="module")
 def dp_results():
     out = {}
-    for name, extra in (("on", []), ("off", ["--ess-enabled", "false"])):
-        srv = _start(f"dp_attn_{name}", DP_ARGS + extra)
+    for name, extra, env in (("on", [], None), ("off", ["--ess-enabled", "false"], None),
+                             ("gpu_fake", GPU_FAKE_ARGS, GPU_FAKE_ENV)):
+        srv = _start(f"dp_attn_{name}", DP_ARGS + extra, env)
         try:
             out[name + "_seq"] = [srv.generate(p, 24) for p in _prompts()]
+            if name == "gpu_fake":                 # one-at-a-time equality and release through the CUDA class
+                out["gpu_fake_usage"] = _wait_live_zero(srv)
+                continue
             out[name] = _run_concurrently(srv)
             out[name + "_second"] = _run_concurrently(srv)      # again, with the prefix cache warm
             out[name + "_balance"] = srv.get("/server_info").get("load_balance_method")
@@ -84,6 +93,14 @@ def _logprobs(results):
 def test_dp_attention_ess_on_gives_ess_off_tokens_and_logprobs_one_at_a_time(dp_results):
     assert _tokens(dp_results["on_seq"]) == _tokens(dp_results["off_seq"])
     assert _logprobs(dp_results["on_seq"]) == _logprobs(dp_results["off_seq"])
+
+
+def test_gpu_fake_dp_attention_through_the_cuda_class_gives_ess_off_tokens(dp_results):
+    """DP attention as a GPU fake: each DP rank runs the CUDA class and its own store; the idle rank's
+    fabricated extend and the padded batches never reach it (padding.py, in the shared lifecycle)."""
+    assert _tokens(dp_results["gpu_fake_seq"]) == _tokens(dp_results["off_seq"])
+    assert _logprobs(dp_results["gpu_fake_seq"]) == _logprobs(dp_results["off_seq"])
+    assert all(s["prefetch"]["engine"] == "stream" for s in dp_results["gpu_fake_usage"])
 
 
 def test_dp_attention_concurrent_clients_all_complete_on_both(dp_results):
@@ -128,10 +145,16 @@ def _host_mappings(pid: int) -> list[tuple[int, int]]:
 def tp_results():
     out = {}
     # readers map the pool read-only: a write by a non-owner rank would fault at once
-    for name, extra, env in (("on", [], {"SGLESS_SHARED_POOL_READONLY": "1"}), ("off", ["--ess-enabled", "false"], {})):
+    for name, extra, env in (("on", [], {"SGLESS_SHARED_POOL_READONLY": "1"}), ("off", ["--ess-enabled", "false"], {}),
+                             ("gpu_fake", GPU_FAKE_ARGS, {"SGLESS_SHARED_POOL_READONLY": "1", **GPU_FAKE_ENV})):
         srv = _start(f"tp2_{name}", TP_ARGS + extra, env)
         try:
             out[name + "_seq"] = [srv.generate(p, 24) for p in _prompts()]
+            if name == "gpu_fake":
+                out["gpu_fake_status"] = srv.get("/ess/status")
+                out["gpu_fake_usage"] = _wait_live_zero_one(srv)
+                out["gpu_fake_log"] = srv.log_tail(4000)
+                continue
             out[name] = _run_concurrently(srv)
             if name == "on":
                 out["status"] = srv.get("/ess/status")
@@ -166,6 +189,20 @@ def test_tp2_ess_on_gives_ess_off_tokens_and_logprobs(tp_results):
     assert _tokens(tp_results["on_seq"]) == _tokens(tp_results["off_seq"])
     assert _logprobs(tp_results["on_seq"]) == _logprobs(tp_results["off_seq"])
     assert [len(t) for t in _tokens(tp_results["on"])] == [24] * len(LENGTHS)
+
+
+def test_gpu_fake_tp2_through_the_cuda_class_gives_ess_off_tokens_with_one_writer(tp_results):
+    """TP 2 as a GPU fake: both ranks run the CUDA class over the node's one shared pool, the
+    reader mapping it read-only (a write by it would fault: the CUDA class writes through the
+    same StoreForward.save as the CPU backend, so only the owner writes); ESS off's tokens and
+    log-probs, one request at a time; every rank's live rows back to zero without a flush."""
+    assert _tokens(tp_results["gpu_fake_seq"]) == _tokens(tp_results["off_seq"])
+    assert _logprobs(tp_results["gpu_fake_seq"]) == _logprobs(tp_results["off_seq"])
+    s = tp_results["gpu_fake_status"]["schedulers"][0]
+    assert s["prefetch"]["engine"] == "stream", s["prefetch"]
+    assert [r["host_pool_role"] for r in s["ranks"]] == ["writer", "reader"]
+    assert "reader, mapped read-only" in tp_results["gpu_fake_log"]
+    assert ess_live_zero(tp_results["gpu_fake_usage"])           # cached prefixes may stay; nothing live
 
 
 def test_tp2_ranks_map_one_pool_and_the_node_holds_one_pools_worth(tp_results):

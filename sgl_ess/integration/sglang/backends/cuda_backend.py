@@ -116,8 +116,8 @@ def backend_class():
             mode = forward_batch.forward_mode
             self.ess.fence_host(layer.layer_id)    # this layer's zeroing of released rows lands before the write
             if k is not None and save_kv_cache:
-                self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
-                self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
+                self._forward.save(layer, forward_batch, lambda: self.token_to_kv_pool.set_mla_kv_buffer(
+                    layer, forward_batch.out_cache_loc, k, k_rope))
             if mode.is_target_verify() or mode.is_draft_extend_v2():
                 # MTP: the window's union through hot buffer and ring (store/verify.py), attended by
                 # _CudaKernels.gathered over the absorbed query
@@ -143,8 +143,8 @@ def backend_class():
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
             self.ess.fence_host(layer.layer_id)
             if k is not None and save_kv_cache:
-                self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
-                self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)
+                self._forward.save(layer, forward_batch, lambda: self.token_to_kv_pool.set_mla_kv_buffer(
+                    layer, forward_batch.out_cache_loc, k, k_rope))
             q_all = self._q_all(q, q_rope, layer)
             topk = self._pad_topk_indices(topk_indices, q_all.shape[0])
             out = self._forward.decode(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk)

@@ -32,7 +32,6 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sgl_ess.attention.reference import attend
 
-from .padding import real_rows
 from ..pools.pool_adapter import EssPoolAdapter
 from .query_layout import ROLE_TARGET, accepts_early_plans
 from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
@@ -177,18 +176,11 @@ class EssSparseAttnBackend(AttentionBackend):
         # With ESS on, the pool's latent buffers ARE the store's host pool (pool_adapter.py).
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-        share = getattr(self.token_to_kv_pool, "ess_share", None)     # a node's shared host pool (TP)
-        if share is not None:
-            if layer.layer_id == 0:
-                share.check_lockstep(loc, forward_batch.req_pool_indices, forward_batch.seq_lens)
-            if not share.writer:            # its owner writes these rows; read them once it has
-                share.before_read(layer.layer_id)
-                return
-        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
-        if share is not None:
-            share.after_write(layer.layer_id)
-        if self.ess is not None:
-            self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)   # padding not counted
+        write = lambda: self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)  # noqa: E731
+        if self.ess is None:
+            write()
+        else:
+            self._forward.save(layer, forward_batch, write)
 
     def _cache_rows(self, layer) -> torch.Tensor:
         """[tokens, R+P] view of this layer's latent rows (device pool, or host pool with ESS on)."""

@@ -97,6 +97,25 @@ class StoreForward:
             n = real_rows(forward_batch).n_req
             self.ess.open_pending(forward_batch.req_pool_indices[:n].tolist())
 
+    def save(self, layer, forward_batch, write) -> None:
+        """SGLang's KV write of this forward's latent rows (`write()`: the backend's own call into
+        the pool), the same on every device. With a host pool the node's attention-TP ranks share
+        (pools/shared_host_pool.py, ``ess_share`` on the pool) only its owner writes; a reader waits
+        until the owner's rows of this layer are there. Every rank folds what the forward writes into
+        its lockstep digest at layer 0. The caller has fenced the layer (``fence_host``) first."""
+        share = getattr(self.backend.token_to_kv_pool, "ess_share", None)
+        if share is not None:
+            if layer.layer_id == 0:
+                share.check_lockstep(forward_batch.out_cache_loc, forward_batch.req_pool_indices,
+                                     forward_batch.seq_lens)
+            if not share.writer:
+                share.before_read(layer.layer_id)
+                return
+        write()
+        if share is not None:
+            share.after_write(layer.layer_id)
+        self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)   # padding rows not counted
+
     def layout(self, forward_batch) -> QueryLayout:
         cached = self._layout_of
         if cached is None or cached[0] is not forward_batch:

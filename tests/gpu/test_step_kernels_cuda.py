@@ -16,8 +16,9 @@ B, K, N, CTX, ROWS = 64, 2048, 6400, 32768, 80
 
 @pytest.mark.parametrize("ring_cap", [B * K, 4096], ids=["ring_fits", "ring_overflows"])
 def test_plan_epilogue_on_cuda_equals_its_torch_reference(ring_cap):
-    epilogue_case(7, B, ring_cap, pad_rows=3, device="cuda", n_slots=N, k=K, rows=ROWS, ctx=CTX)
+    got = epilogue_case(7, B, ring_cap, pad_rows=3, device="cuda", n_slots=N, k=K, rows=ROWS, ctx=CTX)
+    assert got["in_ring"] == min(got["misses"], ring_cap) and got["misses"] > ring_cap * (ring_cap < B * K)
 
 
 def test_move_rows_on_cuda_copies_zeroes_and_counts():
-    move_case(8, device="cuda")
+    assert move_case(8, device="cuda") == 10        # rows moved, as the kernel counted them

@@ -59,6 +59,7 @@ def epilogue_case(seed: int, b: int, ring_cap: int, pad_rows: int = 0, device: s
     assert int((ref[3] >= 0).sum()) == min(n_miss, ring_cap)   # the case really is what it says
     if ring_cap < n_miss:
         assert int(((ref[5] >= 0) & (ref[3] < 0)).sum()) == n_miss - ring_cap
+    return {"misses": n_miss, "in_ring": int((ref[3] >= 0).sum())}
 
 
 def move_case(seed: int, device: str = "cpu"):
@@ -79,6 +80,7 @@ def move_case(seed: int, device: str = "cpu"):
     out = torch.zeros_like(rows)
     copy_rows(rows, src, out, dst, "triton", count=c2)
     assert int(c2) == 10 and torch.equal(out[dst[live]], rows[src[live]])
+    return int(cg)
 
 
 if __name__ == "__main__":

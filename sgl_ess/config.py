@@ -34,6 +34,7 @@ OVERLAP_LEVELS = ("none", "da", "dba", "full")
 PREFETCH_ENGINES = ("auto", "worker", "stream", "inline")
 ATTENTION_MODES = ("sparse",)
 SPECULATIVE_PREFETCH = tuple(PREDICTORS)          # off, next_layer, last_step, score_ema, lstm
+SHARE_HOST_POOL = ("auto", "on", "off")
 
 
 class EssConfigError(ValueError):
@@ -121,6 +122,12 @@ FIELDS: tuple[EssField, ...] = (
              "latent rows are never swapped to disk. Needs RLIMIT_MEMLOCK >= those bytes per process (ulimit -l; "
              "systemd LimitMEMLOCK; docker --ulimit memlock) or CAP_IPC_LOCK; checked before the model loads. "
              "Latent mappings are excluded from core dumps and sealed against resizing with or without it."),
+    EssField("share_host_pool", str, "auto",
+             "With attention TP > 1: one host pool per attention-TP group per node, shared by its ranks (one owner "
+             "writes, the others map it and read after the owner's per-layer write count) | off (every rank its own "
+             "copy) | auto (shared on CPU; on CUDA one per rank, since the CUDA ordering - stream memory operations "
+             "on the owner's and readers' compute streams - has not run on a GPU) | on (shared on CUDA too; needs "
+             "--ess-prefetch-engine stream or auto).", SHARE_HOST_POOL),
     EssField("slo_tpot_ms", float, 0.0,
              "Decode TPOT target in ms: new requests are admitted only while the measured inter-token latency "
              "(percentile --ess-slo-itl-percentile of recent decode steps) stays within it; running requests are "
@@ -160,6 +167,7 @@ class EssConfig:
     spec_slots: int = 0
     warmup_queries: int = 32
     lock_host_memory: bool = False
+    share_host_pool: str = "auto"
     slo_tpot_ms: float = 0.0
     slo_itl_percentile: float = 50.0
     slo_min_batch: int = 1

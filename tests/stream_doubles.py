@@ -9,6 +9,10 @@ on a GPU - runs in the CPU suite with only its kernels (torch) and its streams s
                        event or a stream - or when `progress()` advances a randomly chosen stream
                        by one op (other streams' work completing at any time, out of order)
   events               done once the stream that recorded them reaches them; `query()` says so
+  values               an int64 host tensor (shared memory): a write on the compute stream stores at
+                       once, on a side stream when that stream reaches it; a wait on the compute
+                       stream spins the host until another process (or side stream) stores enough,
+                       on a side stream it holds that stream's later ops until then
 Within one stream ops keep their order (CUDA's guarantee); across streams only waits order them.
 A bug that relies on a stream having run - a read before the wait, a write racing a zeroing on
 another stream - then reads stale or wiped rows in a test instead of passing by luck.
@@ -17,6 +21,9 @@ from __future__ import annotations
 
 import collections
 import random
+import time
+
+VALUE_WAIT_TIMEOUT_S = 60.0     # a value another process never writes: fail, as a hung GPU stream would not
 
 
 class FakeEvent:
@@ -84,17 +91,37 @@ class LateStreams:
     def keep_alive(self, t, stream) -> None:
         pass
 
+    @staticmethod
+    def map_values(t):
+        return t
+
+    def write_value(self, stream: FakeStream, values, index: int, value: int) -> None:
+        def store():
+            values[index] = value
+        self.launch(stream, store)
+
+    def wait_value(self, stream: FakeStream, values, index: int, value: int) -> None:
+        if stream is self.compute:
+            self._spin(values, index, value)
+        else:
+            stream.ops.append(("value", (values, index, value)))
+
     # --- the double's own controls -----------------------------------------------------------
     def pending(self, stream: FakeStream) -> int:
         return sum(1 for op in stream.ops if op[0] == "run")
 
-    def progress(self, ops: int = 1) -> None:
-        """Advance randomly chosen side streams by up to `ops` ops (work finishing out of order)."""
+    def progress(self, ops: int = 1) -> int:
+        """Advance randomly chosen side streams by up to `ops` ops (work finishing out of order);
+        how many ran."""
+        done = 0
         for _ in range(ops):
-            ready = [s for s in self.streams if s.ops and not (s.ops[0][0] == "wait" and not s.ops[0][1].finished)]
+            ready = [s for s in self.streams if s.ops and not (s.ops[0][0] == "wait" and not s.ops[0][1].finished)
+                     and not (s.ops[0][0] == "value" and not self._reached(*s.ops[0][1]))]
             if not ready:
-                return
+                return done
             self._step(self.rng.choice(ready))
+            done += 1
+        return done
 
     def finish(self) -> None:
         """Everything given so far runs (as a device synchronize would)."""
@@ -107,11 +134,28 @@ class LateStreams:
         kind, x = s.ops[0]
         if kind == "wait" and not x.finished:
             self._run_until(x)
+        if kind == "value":
+            self._spin(*x)
         s.ops.popleft()
         if kind == "run":
             x()
         elif kind == "record":
             x.finished = True
+
+    @staticmethod
+    def _reached(values, index: int, value: int) -> bool:
+        return int(values[index]) >= value
+
+    def _spin(self, values, index: int, value: int) -> None:
+        """Wait for another process to store the value (a side stream of this one may hold it: run them)."""
+        deadline = time.monotonic() + VALUE_WAIT_TIMEOUT_S
+        while not self._reached(values, index, value):
+            if self.progress(1):
+                continue
+            if time.monotonic() > deadline:
+                raise AssertionError(f"a stream waited {VALUE_WAIT_TIMEOUT_S:g} s for value {index} to reach {value} "
+                                     f"(it is {int(values[index])}): nobody writes it")
+            time.sleep(0.0002)
 
     def _run_until(self, ev: FakeEvent) -> None:
         if ev.finished:
@@ -142,3 +186,16 @@ class LaggedStreams(LateStreams):
         if len(self._compute_events) > self.lag:
             self._compute_events.pop(0).finished = True
         return ev
+
+
+class DeviceComputeStreams(LateStreams):
+    """LateStreams whose compute stream also runs late, as a GPU's runs behind the host that queues
+    its work: only `progress()`, `finish()` or a wait runs it. For orderings that must hold on the
+    device, not on the host (two processes' compute streams ordered through shared memory)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self.device_compute = self.stream("compute")     # self.compute stays the host (runs at once)
+
+    def current(self) -> FakeStream:
+        return self.device_compute

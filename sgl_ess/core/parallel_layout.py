@@ -8,8 +8,9 @@ torch: it only counts. No memory is owned here.
                ranks into dp attention groups of tp / dp ranks; spread evenly over nnodes.
   pools        MLA's latent row (and the indexer key) is the same on every rank of an attention-TP
                group, so the group's ranks on one node can share ONE host pool
-               (integration/sglang/pools/shared_host_pool.py, on CPU). Per rank (what CUDA does today, and
-               what sharing off means) every rank keeps its own copy.
+               (integration/sglang/pools/shared_host_pool.py; ``shares_host_pool``: on CPU by default,
+               on CUDA with --ess-share-host-pool on). Per rank (sharing off, and CUDA's default)
+               every rank keeps its own copy.
   bytes        SGLang adds one padding page to its token pool, so a pool of ``tokens`` holds
                (tokens + page) rows per layer of ``row_bytes`` each.
 """
@@ -87,6 +88,14 @@ class ParallelLayout:
         tp_per_node = max(1, self.tp // max(1, self.nnodes))
         members = max(1, min(self.attention_tp, tp_per_node))
         return max(1, ranks // members)
+
+
+def shares_host_pool(mode: str, on_cuda: bool) -> bool:
+    """Do the ranks of an attention-TP group on one node share one host pool (--ess-share-host-pool)?
+    on: yes; off: no; auto: on CPU yes, on CUDA no (its ordering has not run on a GPU yet)."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"--ess-share-host-pool {mode!r}: expected auto, on or off")
+    return mode == "on" or (mode == "auto" and not on_cuda)
 
 
 def host_pool_bytes(tokens: int, page_size: int, layers: int, row_bytes: int) -> int:

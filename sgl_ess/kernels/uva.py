@@ -98,7 +98,9 @@ class HostRegistration:
 
     CHUNK_BYTES = 1 << 30
 
-    def __init__(self, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES):
+    READ_ONLY = 0x08               # cudaHostRegisterReadOnly: a PROT_READ mapping (GPU reads only)
+
+    def __init__(self, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES, readonly: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("register_host needs CUDA; on CPU the host pool is used as is")
         if t.is_cuda or not t.is_contiguous():
@@ -112,7 +114,7 @@ class HostRegistration:
         try:
             while off < self.nbytes:
                 size = min(chunk_bytes, self.nbytes - off)
-                rc = rt.cudaHostRegister(self.ptr + off, size, 0)
+                rc = rt.cudaHostRegister(self.ptr + off, size, self.READ_ONLY if readonly else 0)
                 if int(rc) != 0:
                     raise RuntimeError(
                         f"cudaHostRegister failed (error {int(rc)}) at byte {off} of a {self.nbytes}-byte host "
@@ -134,5 +136,6 @@ class HostRegistration:
             _REGISTERED.remove(self)
 
 
-def register_host(t: torch.Tensor, chunk_bytes: int = HostRegistration.CHUNK_BYTES) -> HostRegistration:
-    return HostRegistration(t, chunk_bytes)
+def register_host(t: torch.Tensor, chunk_bytes: int = HostRegistration.CHUNK_BYTES,
+                  readonly: bool = False) -> HostRegistration:
+    return HostRegistration(t, chunk_bytes, readonly)

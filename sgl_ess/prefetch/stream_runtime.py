@@ -13,7 +13,14 @@ nothing added; the CPU suite swaps in a double whose streams complete work late 
   launch(s, fn)           run fn's kernels on s (CUDA: now, queued on s, and fn's result back;
                           the double: when something waits for them, and None)
   keep_alive(t, s)        t's memory is not reused before s's work so far is done (record_stream)
-Memory: none (streams and events belong to their callers).
+  map_values(t)           int64 host tensor t (shared memory) -> a handle its values are addressed by
+                          (CUDA: t page-locked in place and its device address)
+  write_value(s, h, i, v) s writes v to value i after its work so far (a system-scope barrier first)
+  wait_value(s, h, i, v)  s's later work waits until value i >= v (written by any process)
+The value operations order GPU work of different processes through shared host memory (a host
+pool shared by TP ranks, integration/sglang/pools/shared_host_pool.py; kernels/stream_values.py).
+Memory: none (streams and events belong to their callers; a mapped value tensor stays registered
+while its handle lives).
 """
 from __future__ import annotations
 
@@ -62,3 +69,38 @@ class CudaStreams:
     @staticmethod
     def keep_alive(t: torch.Tensor, stream) -> None:
         t.record_stream(stream)
+
+    def map_values(self, t: torch.Tensor) -> "MappedValues":
+        from sgl_ess.kernels import stream_values
+        from sgl_ess.kernels.uva import device_pointer, register_host
+
+        if t.dtype != torch.int64 or t.is_cuda or not t.is_contiguous():
+            raise ValueError(f"map_values: need a contiguous int64 host tensor, got {t.dtype} on {t.device}")
+        stream_values.check_supported(self.device.index if self.device.index is not None else
+                                      torch.cuda.current_device())
+        reg = register_host(t)
+        return MappedValues(t, reg, device_pointer(t.data_ptr()))
+
+    @staticmethod
+    def write_value(stream, values: "MappedValues", index: int, value: int) -> None:
+        from sgl_ess.kernels import stream_values
+
+        stream_values.write_value(stream.cuda_stream, values.address(index), value)
+
+    @staticmethod
+    def wait_value(stream, values: "MappedValues", index: int, value: int) -> None:
+        from sgl_ess.kernels import stream_values
+
+        stream_values.wait_value(stream.cuda_stream, values.address(index), value)
+
+
+class MappedValues:
+    """An int64 host tensor page-locked for stream memory operations; `tensor` is its host view."""
+
+    def __init__(self, tensor: torch.Tensor, registration, device_ptr: int):
+        self.tensor, self.registration, self.device_ptr = tensor, registration, device_ptr
+
+    def address(self, index: int) -> int:
+        if not 0 <= index < self.tensor.numel():
+            raise IndexError(f"value {index} of {self.tensor.numel()}")
+        return self.device_ptr + 8 * index

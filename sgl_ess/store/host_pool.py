@@ -45,7 +45,7 @@ class HostLatentPool:
         if pin:
             from sgl_ess.kernels.uva import register_host
 
-            self.registration = register_host(self.rows)
+            self.registration = register_host(self.rows, readonly=readonly)   # each process its own mapping
         self.pinned = pin
         # free stack: _free[:_n_free] are free locations
         self._free = torch.arange(capacity_tokens - 1, -1, -1, dtype=torch.int64)

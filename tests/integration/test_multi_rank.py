@@ -146,7 +146,9 @@ def tp_results():
     out = {}
     # readers map the pool read-only: a write by a non-owner rank would fault at once
     for name, extra, env in (("on", [], {"SGLESS_SHARED_POOL_READONLY": "1"}), ("off", ["--ess-enabled", "false"], {}),
-                             ("gpu_fake", GPU_FAKE_ARGS, {"SGLESS_SHARED_POOL_READONLY": "1", **GPU_FAKE_ENV})):
+                             # what a CUDA node passes to share its pool (auto keeps one per rank there)
+                             ("gpu_fake", GPU_FAKE_ARGS + ["--ess-share-host-pool", "on"],
+                              {"SGLESS_SHARED_POOL_READONLY": "1", **GPU_FAKE_ENV})):
         srv = _start(f"tp2_{name}", TP_ARGS + extra, env)
         try:
             out[name + "_seq"] = [srv.generate(p, 24) for p in _prompts()]
@@ -194,13 +196,17 @@ def test_tp2_ess_on_gives_ess_off_tokens_and_logprobs(tp_results):
 def test_gpu_fake_tp2_through_the_cuda_class_gives_ess_off_tokens_with_one_writer(tp_results):
     """TP 2 as a GPU fake: both ranks run the CUDA class over the node's one shared pool, the
     reader mapping it read-only (a write by it would fault: the CUDA class writes through the
-    same StoreForward.save as the CPU backend, so only the owner writes); ESS off's tokens and
-    log-probs, one request at a time; every rank's live rows back to zero without a flush."""
+    same StoreForward.save as the CPU backend, so only the owner writes), ordered as on CUDA by the
+    count the owner's compute stream writes and the reader's compute stream waits for (the stream
+    runtime's double; --ess-share-host-pool on); ESS off's tokens and log-probs, one request at a
+    time; every rank's live rows back to zero without a flush."""
     assert _tokens(tp_results["gpu_fake_seq"]) == _tokens(tp_results["off_seq"])
     assert _logprobs(tp_results["gpu_fake_seq"]) == _logprobs(tp_results["off_seq"])
     s = tp_results["gpu_fake_status"]["schedulers"][0]
     assert s["prefetch"]["engine"] == "stream", s["prefetch"]
     assert [r["host_pool_role"] for r in s["ranks"]] == ["writer", "reader"]
+    assert [r["host_pool_order"] for r in s["ranks"]] == ["stream", "stream"]
+    assert len({r["host_pool_inode"] for r in s["ranks"]}) == 1
     assert "reader, mapped read-only" in tp_results["gpu_fake_log"]
     assert ess_live_zero(tp_results["gpu_fake_usage"])           # cached prefixes may stay; nothing live
 
@@ -222,6 +228,7 @@ def test_tp2_status_reports_every_rank_with_one_writer(tp_results):
     ranks = s["ranks"]
     assert [r["rank"]["tp_rank"] for r in ranks] == [0, 1]
     assert [r["host_pool_role"] for r in ranks] == ["writer", "reader"]
+    assert [r["host_pool_order"] for r in ranks] == ["host", "host"]      # the worker / inline engine
     assert len({r["host_pool_inode"] for r in ranks}) == 1
     assert tp_results["status"]["pool_sizing"]["pools_per_node"] == 1
     assert "mapped read-only" in tp_results["log"]

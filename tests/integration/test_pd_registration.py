@@ -24,7 +24,7 @@ def gpu_fake_pool(monkeypatch):
     from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
     from sgl_ess.kernels import uva
 
-    monkeypatch.setattr(shared_host_pool, "build", lambda layers, rows, row_bytes, on_cuda, lock:
+    monkeypatch.setattr(shared_host_pool, "build", lambda layers, rows, row_bytes, on_cuda, lock, share_mode="auto":
                         (HostLatentPool(layers, rows, row_bytes, pin=False, lock=lock), None))
     monkeypatch.setattr(uva, "device_view", lambda t: t.clone())      # another address, like a device view
     monkeypatch.setattr(host_pool_class, "_host_spans", [])

@@ -118,3 +118,21 @@ def test_small_scale_matches_the_launcher_and_the_store():
     # the TP 2 CPU server measured 20992000 host bytes for the default 65536 tokens, 1 pool on its node
     assert node_pools(ParallelLayout(tp=2), "shared", 65536, 2, row).host_bytes_per_node == 20992000
     assert host_pool_bytes(65536, PAGE_TOKENS, 2, row) == 20992000
+
+
+def test_the_share_flag_sets_the_pools_a_cuda_node_sizes_and_needs_the_stream_engine():
+    """--ess-share-host-pool on a CUDA node: auto keeps a pool per rank (2 for TP 2), on shares one
+    (the stream order), off keeps one per rank on CPU too; `on` with an engine that cannot order the
+    ranks' streams is refused before the model loads, naming both flags."""
+    from sgl_ess.config import EssConfig
+    from sgl_ess.integration.sglang.launcher.launcher_defaults import fill_defaults
+    from sgl_ess.models import TINY_DSV32_DIR
+    from sgl_ess.serving.preflight import PreflightError
+
+    argv = ["--model-path", TINY_DSV32_DIR, "--max-total-tokens", "8192", "--tp", "2"]
+    pools = {(mode, cuda): fill_defaults(list(argv), EssConfig(share_host_pool=mode), has_cuda=cuda)[1]["pools_per_node"]
+             for mode in ("auto", "on", "off") for cuda in (False, True)}
+    assert pools == {("auto", False): 1, ("auto", True): 2, ("on", False): 1, ("on", True): 1,
+                     ("off", False): 2, ("off", True): 2}
+    with pytest.raises(PreflightError, match="--ess-share-host-pool on with --ess-prefetch-engine inline"):
+        fill_defaults(list(argv), EssConfig(share_host_pool="on", prefetch_engine="inline"), has_cuda=True)

@@ -22,7 +22,7 @@ import logging
 import os
 
 from sgl_ess.config import EssConfig
-from sgl_ess.core.parallel_layout import ParallelLayout, host_pool_bytes
+from sgl_ess.core.parallel_layout import ParallelLayout, host_pool_bytes, shares_host_pool
 from sgl_ess.models import TINY_DSV32_DIR
 from sgl_ess.serving import host_memory
 from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_hot_slots, check_memlock, locked_bytes,
@@ -99,6 +99,10 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
     if workers is not None and workers > 1:
         raise PreflightError(f"--tokenizer-worker-num {workers}: sgl_ess.launch_server's request guard and "
                              f"admission run in the one HTTP process; expected 1")
+    if cfg.enabled and has_cuda and cfg.share_host_pool == "on" and cfg.prefetch_engine not in ("auto", "stream"):
+        raise PreflightError(f"--ess-share-host-pool on with --ess-prefetch-engine {cfg.prefetch_engine}: on CUDA the "
+                             "ranks sharing a host pool are ordered by the stream engine's streams; use "
+                             "--ess-prefetch-engine stream (or auto), or --ess-share-host-pool off")
     geo = model_geometry(flag_value(out, "--model-path") or flag_value(out, "--model") or "")
     if geo is not None and flag_value(out, "--kv-cache-dtype") == "fp8_e4m3":
         geo = fp8_geometry(geo, flag_value(out, "--model-path") or flag_value(out, "--model") or "")
@@ -123,7 +127,7 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
     if cfg.enabled and geo is not None:
         sizing["host_bytes_expected"] = host_pool_bytes(tokens, page, geo.layers, geo.latent_row_bytes)
         lay = parallel_layout(out)
-        pools = pools_per_node(lay, has_cuda)
+        pools = pools_per_node(lay, has_cuda, cfg.share_host_pool)
         sizing.update(pools_per_node=pools, ranks_per_node=lay["ranks_per_node"],
                       host_bytes_per_node=pools * sizing["host_bytes_expected"])
         if pools > 1 or lay["ranks_per_node"] > 1:
@@ -182,11 +186,12 @@ def parallel_layout(argv: list[str]) -> dict:
             "ranks_per_node": lay.ranks_per_node}
 
 
-def pools_per_node(lay: dict, has_cuda: bool) -> int:
-    """ESS host pools one node allocates: one per attention-TP group on the node (its ranks share it,
-    shared_host_pool.py), one per rank on CUDA (sharing there is not checked on a GPU yet). The rule
-    itself is sgl_ess.core.parallel_layout, which the capacity planner (sgl_ess.sim plan) uses too."""
-    return _layout(lay).pools_per_node(shared=not has_cuda)
+def pools_per_node(lay: dict, has_cuda: bool, share_mode: str = "auto") -> int:
+    """ESS host pools one node allocates: one per attention-TP group on the node when its ranks share it
+    (shared_host_pool.py; --ess-share-host-pool: by default on CPU, on CUDA only with `on`), else one per
+    rank. The rule itself is sgl_ess.core.parallel_layout, which the capacity planner (sgl_ess.sim plan)
+    uses too."""
+    return _layout(lay).pools_per_node(shared=shares_host_pool(share_mode, has_cuda))
 
 
 def _layout(lay: dict) -> ParallelLayout:

@@ -17,8 +17,8 @@ latent buffers are given by their host addresses, never the device views, and ar
 (``host_spans``) so the registration marks them host memory (pd_layout.py: NIXL kind DRAM, as
 SGLang does for HiSparse's host pool). The
 store (``pool_adapter.EssPoolAdapter``) adopts ``ess_host_pool`` when the attention backend is
-built. With attention TP > 1 on CPU the ranks of a node share one pool (shared_host_pool.py,
-``ess_share``): only its owner writes rows. Memory: owned by the pool object (so by SGLang's model runner), freed with the process.
+built. With attention TP > 1 the ranks of a node share one pool (shared_host_pool.py,
+``ess_share``; on CUDA only with --ess-share-host-pool on): only its owner writes rows. Memory: owned by the pool object (so by SGLang's model runner), freed with the process.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def host_backed(base: type) -> type:
             from . import shared_host_pool
 
             # one pool per attention-TP group per node (shared_host_pool.py); ess_share None: this rank's own
-            self.ess_host_pool, self.ess_share = shared_host_pool.build(self.layer_num, rows, row_bytes,
-                                                                        on_cuda=on_cuda, lock=lock)
+            self.ess_host_pool, self.ess_share = shared_host_pool.build(
+                self.layer_num, rows, row_bytes, on_cuda=on_cuda, lock=lock,
+                share_mode=cfg.share_host_pool if cfg is not None else "auto")    # --ess-share-host-pool
             views = []
             for layer in range(self.layer_num):
                 host = self.ess_host_pool.rows[layer]

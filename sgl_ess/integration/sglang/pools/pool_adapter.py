@@ -128,6 +128,15 @@ class EssPoolAdapter:
             note_store("draft" if getattr(model_runner, "is_draft_worker", False) else "target",
                        sum(self.store_cfg.device_allocation().values()))
         self.share = getattr(pool, "ess_share", None)       # shared_host_pool.Share, or None (own pool)
+        if self.share is not None:
+            engine = self.store.engine
+            if getattr(engine, "ordered_on_device", False):
+                self.share.order_on(engine.rt)              # the owner's writes ordered by the compute streams
+            elif self.store.device.type == "cuda":
+                raise RuntimeError(f"ESS: a host pool shared by attention-TP ranks on CUDA is ordered by the stream "
+                                   f"engine's streams; --ess-prefetch-engine {cfg.prefetch_engine} runs the "
+                                   f"{engine.name} engine. Use --ess-prefetch-engine stream (or auto), or "
+                                   "--ess-share-host-pool off")
         self.host_writer = host.writer
         self.runner_id = id(model_runner)
         self.req_pool = model_runner.req_to_token_pool

@@ -13,18 +13,28 @@ would be host pools, so TP 8 would keep 8 identical pools on a node. Instead:
                on a port, and the name dies with the owner.
   writes       only the owner writes latent rows and zeroes released ones (its allocator state,
                like every rank's, is the same: the ranks run the same batches in lockstep).
-  ordering     a row written in an earlier layer or step is ordered before any reader's access by
-               the per-layer collectives between them (o_proj's all-reduce). The rows of the layer
-               in progress are not: the owner publishes a per-layer write count (``WriteEpochs``, a
-               tiny shared segment, stored after the rows) and a reader waits for it before it
-               reads. x86 keeps stores in order (TSO); other CPUs would need a fence here.
+  ordering     every host row a reader reads was written in this forward's layer or before it. The
+               owner publishes a per-layer count of forwards whose rows it has written (a tiny shared
+               segment, stored after the rows); a reader, where the owner writes, waits for that
+               count instead. Its later reads (this layer's rows, and every later fetch) follow the
+               wait, so they follow the owner's writes, and the owner's zeroing of a released row
+               before its next write (``fence_host``). Which waits and writes depends on the engine:
+                 host     (CPU, the inline and worker engines: ``WriteEpochs``) the owner's host
+                          stores the count after its rows; the reader's host spins on it. x86 keeps
+                          stores in order (TSO); other CPUs would need a fence here.
+                 stream   (the stream engine: ``StreamEpochs``) the owner's compute stream writes
+                          the count after the kernel that stored the rows (a system-scope barrier
+                          first); the reader's compute stream waits for it, so nothing blocks the
+                          host (kernels/stream_values.py). The CPU suite runs it through the stream
+                          runtime's double (the GPU fake); it has not run on a GPU.
   lockstep     every ``GUARD_EVERY`` forwards the members compare a hash of what they wrote
                (locations, request rows, sequence lengths); a mismatch stops the scheduler.
   debug        ``SGLESS_SHARED_POOL_READONLY=1``: readers map the pool PROT_READ, so a write by a
                reader faults at once (the test suite runs with it).
-CUDA: not shared yet. A reader would need a system-scope fence after the owner's GPU write and the
-pool registered in each process (cudaHostRegister); that needs a GPU to check, so on CUDA each
-rank keeps its own pool, as before, and says so at start.
+Who shares (``--ess-share-host-pool``, core/parallel_layout.shares_host_pool): on CPU by default; on
+CUDA only with ``on``, since the stream ordering has not run on a GPU: then every rank registers the
+mapped pool (and the count) in its own process (cudaHostRegister; a read-only mapping as such) and
+the stream engine is required (refused at start otherwise). ``off``: every rank its own pool.
 """
 
 from __future__ import annotations
@@ -56,7 +66,9 @@ class LockstepError(RuntimeError):
 
 
 class WriteEpochs:
-    """Per-layer count of forwards whose rows the owner has written (int64 [layers], shared)."""
+    """Per-layer count of forwards whose rows the owner has written (int64 [layers], shared); the
+    host stores and waits for it (``order`` "host")."""
+    order = "host"
 
     def __init__(self, segment: SharedSegment, layers: int):
         self.segment = segment
@@ -86,6 +98,28 @@ class WriteEpochs:
                 time.sleep(0.0002)
 
 
+class StreamEpochs:
+    """The same count, written and waited for by the compute streams (``order`` "stream"): the
+    owner's stream writes it after the kernel that stored the rows, a reader's stream waits for it
+    before the kernels that read them. `runtime` is the stream engine's (prefetch/stream_runtime.py)."""
+    order = "stream"
+
+    def __init__(self, segment: SharedSegment, layers: int, runtime, count: list[int] | None = None):
+        self.segment = segment
+        self.shared = segment.tensor(torch.int64, (layers,))
+        self.rt = runtime
+        self.values = runtime.map_values(self.shared)
+        self.count = list(count) if count is not None else [0] * layers
+
+    def written(self, layer: int) -> None:
+        self.count[layer] += 1
+        self.rt.write_value(self.rt.current(), self.values, layer, self.count[layer])
+
+    def wait(self, layer: int) -> None:
+        self.count[layer] += 1
+        self.rt.wait_value(self.rt.current(), self.values, layer, self.count[layer])
+
+
 @dataclass
 class Share:
     """How this rank takes part in its node's shared pool."""
@@ -94,11 +128,17 @@ class Share:
     group_rank: int
     node_rank: int
     inode: int
-    epochs: WriteEpochs
+    epochs: WriteEpochs | StreamEpochs
     group: object = field(repr=False)   # SGLang's GroupCoordinator (its gloo cpu group)
     readonly: bool = False
     _forwards: int = 0
     _digest: int = 0
+
+    def order_on(self, runtime) -> None:
+        """The store runs on the stream engine: order through its compute streams from now on."""
+        if isinstance(self.epochs, WriteEpochs):
+            e = self.epochs
+            self.epochs = StreamEpochs(e.segment, len(e.count), runtime, e.count)
 
     def before_read(self, layer: int) -> None:
         if not self.writer:
@@ -126,7 +166,8 @@ class Share:
 
     def describe(self) -> dict:
         return {"host_pool_role": "writer" if self.writer else "reader", "host_pool_inode": self.inode,
-                "host_pool_members": list(self.members), "host_pool_readonly": self.readonly}
+                "host_pool_members": list(self.members), "host_pool_readonly": self.readonly,
+                "host_pool_order": self.epochs.order}
 
 
 def _node_rank() -> int:
@@ -153,16 +194,21 @@ def _recv_fds(name: str, n: int) -> list[int]:
     return fds
 
 
-def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool) -> tuple[HostLatentPool, Share | None]:
-    """The host pool of this rank: its own, or its node's shared one. Every rank of the attention-TP
-    group must call this at the same point (SGLang builds the pools in lockstep)."""
+def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool,
+          share_mode: str = "auto") -> tuple[HostLatentPool, Share | None]:
+    """The host pool of this rank: its own, or its node's shared one (`share_mode`:
+    --ess-share-host-pool). Every rank of the attention-TP group must call this at the same point
+    (SGLang builds the pools in lockstep)."""
     from sglang.srt.distributed.parallel_state import get_attn_tp_group
 
+    from sgl_ess.core.parallel_layout import shares_host_pool
+
     group = get_attn_tp_group()
-    if group.world_size <= 1 or on_cuda:
+    if group.world_size <= 1 or not shares_host_pool(share_mode, on_cuda):
         if group.world_size > 1:
-            logger.info("ESS host pool: one per rank on CUDA (sharing across the %d attention-TP ranks needs a "
-                        "system-scope fence that has not been checked on a GPU)", group.world_size)
+            logger.info("ESS host pool: one per rank (--ess-share-host-pool %s%s): the %d attention-TP ranks each "
+                        "keep a copy", share_mode, " on CUDA: the stream ordering a shared pool needs has not run "
+                        "on a GPU; `on` shares it" if share_mode == "auto" else "", group.world_size)
         return HostLatentPool(layers, rows, row_bytes, pin=on_cuda, lock=lock), None
     node = _node_rank()
     me = group.rank_in_group
@@ -173,7 +219,7 @@ def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool) 
     name = f"sgl_ess_pool_{os.getpid()}_{uuid.uuid4().hex[:12]}" if writer else None
     server = None
     if writer:
-        pool = HostLatentPool(layers, rows, row_bytes, lock=lock)
+        pool = HostLatentPool(layers, rows, row_bytes, pin=on_cuda, lock=lock)
         epochs_seg = SharedSegment(8 * layers, label=EPOCHS_LABEL)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind("\0" + name)
@@ -184,7 +230,7 @@ def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool) 
             _send_fds(server, len(members) - 1, [pool.segment.fd, epochs_seg.fd])
         else:
             host_fd, epochs_fd = _recv_fds(names[members[0]], 2)
-            pool = HostLatentPool(layers, rows, row_bytes, lock=lock, fd=host_fd, readonly=readonly)
+            pool = HostLatentPool(layers, rows, row_bytes, pin=on_cuda, lock=lock, fd=host_fd, readonly=readonly)
             epochs_seg = SharedSegment.attach(epochs_fd, 8 * layers, label=EPOCHS_LABEL)
     finally:
         if server is not None:

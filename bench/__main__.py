@@ -10,6 +10,7 @@ suites:
   pd         PD (prefill + ESS decode behind the router) vs colocated, bench_serving (bench/pd_suite.py)
   slo        decode throughput vs a TPOT target (--ess-slo-tpot-ms), one run per target (bench/slo_suite.py)
   ops        operator profile of the model for the simulator (CPU; --device cuda)     (bench/ops_bench.py)
+  tp_split   TP ranks each reading 1/tp of the misses + an all-gather vs each reading all (bench/tp_split_bench.py)
   sim        simulator validation report                                              (bench/sim_report.py)
   flashtrans FlashTrans GB/s on 656-byte rows vs a bulk pinned copy (CUDA)            (bench/flashtrans_bench.py)
   flashmla   FlashMLA sparse FP8 decode over the slot space vs the reference (CUDA)   (bench/flashmla_check.py)
@@ -22,7 +23,7 @@ SUITES = {"store": "bench.store_bench", "sim": "bench.sim_report", "serving": "b
           "prefetch": "bench.prefetch_bench", "ops": "bench.ops_bench", "kernels": "bench.kernels_bench",
           "flashtrans": "bench.flashtrans_bench", "flashmla": "bench.flashmla_check",
           "trace": "bench.trace_suite", "slo": "bench.slo_suite",
-          "pd": "bench.pd_suite"}
+          "pd": "bench.pd_suite", "tp_split": "bench.tp_split_bench"}
 
 
 def main() -> int:

@@ -128,6 +128,11 @@ FIELDS: tuple[EssField, ...] = (
              "copy) | auto (shared on CPU; on CUDA one per rank, since the CUDA ordering - stream memory operations "
              "on the owner's and readers' compute streams - has not run on a GPU) | on (shared on CUDA too; needs "
              "--ess-prefetch-engine stream or auto).", SHARE_HOST_POOL),
+    EssField("tp_split_fetch", bool, False,
+             "With attention TP > 1: each rank reads 1/tp of a step's misses from host memory and the attention-TP "
+             "group all-gathers them, so each rank's host reads drop to 1/tp (MLA rows are the same on every rank). "
+             "Trades host-link bytes for an all-gather per layer-step; `python -m bench tp_split` measures it. "
+             "Ignored with attention TP 1."),
     EssField("slo_tpot_ms", float, 0.0,
              "Decode TPOT target in ms: new requests are admitted only while the measured inter-token latency "
              "(percentile --ess-slo-itl-percentile of recent decode steps) stays within it; running requests are "
@@ -168,6 +173,7 @@ class EssConfig:
     warmup_queries: int = 32
     lock_host_memory: bool = False
     share_host_pool: str = "auto"
+    tp_split_fetch: bool = False
     slo_tpot_ms: float = 0.0
     slo_itl_percentile: float = 50.0
     slo_min_batch: int = 1

@@ -72,6 +72,9 @@ def dp_results():
                 out["gpu_fake_usage"] = _wait_live_zero(srv)
                 continue
             out[name] = _run_concurrently(srv)
+            if name == "split":
+                out["split_usage"] = _wait_live_zero_one(srv)
+                continue
             out[name + "_second"] = _run_concurrently(srv)      # again, with the prefix cache warm
             out[name + "_balance"] = srv.get("/server_info").get("load_balance_method")
             if name == "on":
@@ -146,6 +149,7 @@ def tp_results():
     out = {}
     # readers map the pool read-only: a write by a non-owner rank would fault at once
     for name, extra, env in (("on", [], {"SGLESS_SHARED_POOL_READONLY": "1"}), ("off", ["--ess-enabled", "false"], {}),
+                             ("split", ["--ess-tp-split-fetch", "true"], {"SGLESS_SHARED_POOL_READONLY": "1"}),
                              # what a CUDA node passes to share its pool (auto keeps one per rank there)
                              ("gpu_fake", GPU_FAKE_ARGS + ["--ess-share-host-pool", "on"],
                               {"SGLESS_SHARED_POOL_READONLY": "1", **GPU_FAKE_ENV})):
@@ -158,6 +162,9 @@ def tp_results():
                 out["gpu_fake_log"] = srv.log_tail(4000)
                 continue
             out[name] = _run_concurrently(srv)
+            if name == "split":
+                out["split_usage"] = _wait_live_zero_one(srv)
+                continue
             if name == "on":
                 out["status"] = srv.get("/ess/status")
                 out["maps"] = {pid: _host_mappings(pid) for pid in group_processes(srv.pgid)}
@@ -209,6 +216,22 @@ def test_gpu_fake_tp2_through_the_cuda_class_gives_ess_off_tokens_with_one_write
     assert len({r["host_pool_inode"] for r in s["ranks"]}) == 1
     assert "reader, mapped read-only" in tp_results["gpu_fake_log"]
     assert ess_live_zero(tp_results["gpu_fake_usage"])           # cached prefixes may stay; nothing live
+
+
+def test_tp2_split_fetch_reads_each_miss_once_over_the_group_and_gives_ess_off_tokens(tp_results):
+    """--ess-tp-split-fetch: each rank reads the plan entries of its parity from the host pool and the
+    attention-TP group all-gathers them (prefetch/split_fetch.py); tokens and log-probs equal ESS off's,
+    one request at a time; concurrent clients all served; each rank received what the other read."""
+    assert _tokens(tp_results["split_seq"]) == _tokens(tp_results["off_seq"])
+    assert _logprobs(tp_results["split_seq"]) == _logprobs(tp_results["off_seq"])
+    assert [len(t) for t in _tokens(tp_results["split"])] == [24] * len(LENGTHS)     # concurrent: batches > 1
+    ranks = tp_results["split_usage"]["ranks"]
+    split = [r["split_fetch"] for r in ranks]
+    assert [s["rank"] for s in split] == [0, 1] and all(s["size"] == 2 for s in split), split
+    assert split[0]["exchanges"] == split[1]["exchanges"] > 0, split
+    assert split[0]["rows_own"] > 0 and split[1]["rows_own"] > 0, split
+    assert split[0]["rows_received"] == split[1]["rows_own"] and split[1]["rows_received"] == split[0]["rows_own"]
+    assert [r["rows_h2d"] for r in ranks][0] == ranks[1]["rows_h2d"]        # the same misses on both ranks
 
 
 def test_tp2_ranks_map_one_pool_and_the_node_holds_one_pools_worth(tp_results):

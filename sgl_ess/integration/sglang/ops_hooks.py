@@ -58,7 +58,7 @@ def _rank_summary(state: dict, ops: dict | None) -> dict:
     store = lifecycle.active_store()
     ess = store.usage() if store is not None else {}
     keys = ("host_tokens_capacity", "host_bytes", "hot_requests_open", "hot_slots_used", "rows_h2d",
-            "host_pool_role", "host_pool_inode", "host_pool_members", "host_pool_order")
+            "host_pool_role", "host_pool_inode", "host_pool_members", "host_pool_order", "split_fetch")
     out = {k: ess[k] for k in keys if k in ess}
     if ops:
         out.update(rank=ops.get("rank"), host_tokens_live=ops.get("host_tokens_live"))

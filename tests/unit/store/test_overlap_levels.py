@@ -20,7 +20,7 @@ def _attend(q, rows, slots):
 
 
 def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, speculative="off", cross_layer=0.0,
-         corrupt_spec=False, progress=3, host_lag=0, hot_groups=0, request_rows=8):
+         corrupt_spec=False, progress=3, host_lag=0, hot_groups=0, request_rows=8, wrap_engine=None):
     g = torch.Generator().manual_seed(seed)
     store, table = make_store(layers=LAYERS, row_bytes=LAY.row_bytes, host_tokens=sum(CONTEXTS) + 8 * STEPS,
                               n=N, max_requests=request_rows, k=K, max_context=1024, ring_slots=ring_slots,
@@ -36,6 +36,8 @@ def _run(mode, ring_slots=0, engine="inline", corrupt_tags=False, seed=0, specul
 
         streams = LaggedStreams(seed, host_lag) if host_lag else LateStreams(seed)
         store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=streams, zero_backend="torch")
+    if wrap_engine is not None:         # e.g. prefetch/split_fetch.SplitFetch (tests/unit/prefetch/test_split_fetch.py)
+        store.engine = wrap_engine(store.engine)
     ids = [f"r{i}" for i in range(len(CONTEXTS))]
     full = {}
     for rid, ctx in zip(ids, CONTEXTS):

@@ -137,6 +137,8 @@ class EssPoolAdapter:
                                    f"engine's streams; --ess-prefetch-engine {cfg.prefetch_engine} runs the "
                                    f"{engine.name} engine. Use --ess-prefetch-engine stream (or auto), or "
                                    "--ess-share-host-pool off")
+        if cfg.tp_split_fetch:
+            self._split_fetch()
         self.host_writer = host.writer
         self.runner_id = id(model_runner)
         self.req_pool = model_runner.req_to_token_pool
@@ -162,6 +164,22 @@ class EssPoolAdapter:
                     self.store_cfg.host_bytes / 1e6, self.store_cfg.hot_slots_per_request, self.store_cfg.groups,
                     self.store_cfg.device_bytes / 1e6,
                     f"; {max_requests} request rows share them (PD pre-allocation)" if self.store_cfg.hot_groups else "")
+
+    def _split_fetch(self) -> None:
+        """--ess-tp-split-fetch: this rank reads its share of each step's misses; the attention-TP group
+        all-gathers them (prefetch/split_fetch.py). Ignored with attention TP 1."""
+        from sglang.srt.distributed.parallel_state import get_attn_tp_group
+
+        from sgl_ess.prefetch.split_fetch import SplitFetch
+
+        group = get_attn_tp_group()
+        if group.world_size <= 1:
+            logger.info("--ess-tp-split-fetch: attention TP 1, nothing to split")
+            return
+        pg = group.device_group if self.store.device.type == "cuda" else group.cpu_group
+        self.store.engine = SplitFetch(self.store.engine, group.rank_in_group, group.world_size, _all_gather_on(pg))
+        logger.info("ESS --ess-tp-split-fetch: attention-TP rank %d of %d reads 1/%d of each step's misses from host "
+                    "memory; the group all-gathers them", group.rank_in_group, group.world_size, group.world_size)
 
     # --- per forward ------------------------------------------------------------------
     def after_extend(self, layer: int, rows: list[int], seq_lens: list[int], n_q: list[int],
@@ -501,4 +519,23 @@ class EssPoolAdapter:
         u.update(self.path_usage())
         if self.share is not None:
             u.update(self.share.describe())
+        split = u["prefetch"].get("split_fetch")
+        if split is not None:
+            u["split_fetch"] = split
         return u
+
+
+def _all_gather_on(pg):
+    """t [n, B] -> [group size, n, B] over the process group `pg` (NCCL on CUDA, gloo on CPU)."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(pg)
+
+    def all_gather(t: torch.Tensor) -> torch.Tensor:
+        out = t.new_empty((size,) + tuple(t.shape))
+        if t.is_cuda:
+            dist.all_gather_into_tensor(out, t.contiguous(), group=pg)
+        else:
+            dist.all_gather(list(out.unbind(0)), t.contiguous(), group=pg)
+        return out
+    return all_gather

@@ -31,17 +31,6 @@ import torch
 from bench.meta import write_result
 
 
-def _all_gather(t: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    out = t.new_empty((dist.get_world_size(),) + tuple(t.shape))
-    if t.is_cuda:
-        dist.all_gather_into_tensor(out, t.contiguous())
-    else:
-        dist.all_gather(list(out.unbind(0)), t.contiguous())
-    return out
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -51,7 +40,7 @@ def _rank_main(rank: int, size: int, init: str, opts: dict, out_dir: str) -> Non
     import torch.distributed as dist
 
     from bench.prefetch_bench import make_store, traces
-    from sgl_ess.prefetch.split_fetch import SplitFetch
+    from sgl_ess.prefetch.split_fetch import SplitFetch, torch_all_gather
 
     args = argparse.Namespace(**opts)
     if args.device.startswith("cuda"):
@@ -66,7 +55,7 @@ def _rank_main(rank: int, size: int, init: str, opts: dict, out_dir: str) -> Non
     for name in ("whole", "split"):
         store, table, _ = make_store(args, engine)
         if name == "split":
-            store.engine = SplitFetch(store.engine, rank, size, _all_gather)
+            store.engine = SplitFetch(store.engine, rank, size, torch_all_gather())
         reqs = table.indices(list(range(args.batch)))
         lens = table.seq_lens(list(range(args.batch)))
         runs[name] = {"store": store, "table": table, "reqs": reqs, "lens": lens, "ms": []}

@@ -122,3 +122,20 @@ class SplitFetch(FetchEngine):
                 ring = flat[flat >= mem.ring_base] - mem.ring_base
                 if ring.numel():
                     mem.ring_tags.index_fill_(0, ring.to(mem.ring_tags.device), plan.tag_seq)
+
+
+def torch_all_gather(group=None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """SplitFetch's collective over a torch.distributed process group (None: the default group):
+    t [n, B] -> [group size, n, B]. NCCL for device tensors, gloo (a list all-gather) on the CPU."""
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+
+    def all_gather(t: torch.Tensor) -> torch.Tensor:
+        out = t.new_empty((size,) + tuple(t.shape))
+        if t.is_cuda:
+            dist.all_gather_into_tensor(out, t.contiguous(), group=group)
+        else:
+            dist.all_gather(list(out.unbind(0)), t.contiguous(), group=group)
+        return out
+    return all_gather

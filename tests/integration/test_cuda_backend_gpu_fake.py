@@ -418,3 +418,48 @@ def test_gpu_fake_pd_decode_node_opens_hot_buffers_when_a_request_runs(gpu_fake_
     ess.close_rows([5, 3])
     store.engine.drain()
     assert store.open_requests == 0 and store.usage()["hot_slots_used"] == 0
+
+
+def test_gpu_fake_a_decode_step_reads_nothing_back_to_the_host(gpu_fake, monkeypatch):
+    """Issue 16 item 5: a decode step through the CUDA class, every layer (the store's reserve, plan,
+    land, attend and commit, the padding check and the write-position check), issues no op that makes
+    the host wait for the device - so a GPU's host can queue the next layers (and SGLang's overlap
+    scheduler the next step) while the device runs. Seen on CPU by HostReads (tests/host_reads.py)
+    and by `.tolist()`, which does not dispatch. SGLang's own init_forward_metadata is not ours and is
+    not watched."""
+    from tests.host_reads import watch
+
+    from sgl_ess.integration.sglang.backends import padding
+
+    backend, runner, _ = gpu_fake
+    backend.ess.validate = False                         # as on CUDA (the GPU fake's device is the CPU)
+    gen = torch.Generator().manual_seed(21)
+    rows, prompts = [1, 2], [150, 90]
+    fr.place_requests(runner.req_to_token_pool, rows, [p + 4 for p in prompts])
+    _write(runner, rows, [p + 4 for p in prompts], gen)
+    _prefill(backend, runner, rows, prompts, gen)
+    _decode(backend, runner, rows, [p + 1 for p in prompts], gen)       # the first step (warm paths)
+    reads = watch(monkeypatch)
+    lists = []
+    tolist = torch.Tensor.tolist
+
+    def counted_tolist(self):
+        if self is not fb.seq_lens_cpu:                 # SGLang's host copy of seq_lens: no device read
+            lists.append(tuple(self.shape))
+        return tolist(self)
+    r2t = runner.req_to_token_pool.req_to_token
+    seq = [p + 2 for p in prompts]
+    fb = cuda_batch("DECODE", rows, seq, torch.stack([r2t[r, s - 1] for r, s in zip(rows, seq)]).long())
+    fb.global_num_token_non_padded_cpu = len(rows)      # SGLang's count of real tokens (no padding here)
+    if fb.seq_lens_cpu is None:
+        fb.seq_lens_cpu = fb.seq_lens.clone()            # SGLang's host copy, as a decode batch carries
+    backend.init_forward_metadata(fb)
+    monkeypatch.setattr(padding, "reads_cost_nothing", lambda loc: False)    # the batch is a device batch
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    for li in range(LAYERS):
+        topk = fr.causal_topk(gen, [s - 1 for s in seq])
+        q = fr.query(gen, len(rows))
+        with reads:
+            backend.forward_decode(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    assert reads.seen == [] and lists == [], (reads.seen, lists)

@@ -152,3 +152,7 @@ def test_write_locations_out_of_step_are_refused():
     check_write_positions(good, reqs, first, 4, r2t, "verify")
     with pytest.raises(RuntimeError, match="out of step"):
         check_write_positions(torch.cat([r2t[0, 6:10], r2t[1, 7:11]]), reqs, first, 4, r2t, "verify")
+    # the CUDA form: no host read, a device-side assertion (on CPU torch runs it at once and raises)
+    check_write_positions(good, reqs, first, 4, r2t, "verify", sync=False)
+    with pytest.raises(RuntimeError, match="out of step"):
+        check_write_positions(torch.cat([r2t[0, 6:10], r2t[1, 7:11]]), reqs, first, 4, r2t, "verify", sync=False)

@@ -81,6 +81,29 @@ def test_padding_rows_are_those_writing_location_zero_at_the_tail():
         padding.compute(_fb([0, 8], [1, 1]), [1, 1])
 
 
+def test_sglangs_count_of_real_tokens_finds_the_same_rows_without_a_device_read():
+    """On a device batch the padding rows come from SGLang's host count (no read of out_cache_loc);
+    the same cases as above agree with the location rule, and a CPU batch checks both."""
+    cases = [([5, 9, 0, 0], [1, 1, 1, 1], 2), ([5, 6, 7, 9, 0, 0], [3, 1], 4), ([0, 0, 0], [3], 0), ([4, 8], [1, 1], 2)]
+    for locs, n_q, count in cases:
+        fb = _fb(locs, n_q)
+        assert padding.from_count(fb, n_q) is None                          # SGLang did not say
+        fb.global_num_token_non_padded_cpu = count
+        assert padding.from_count(fb, n_q) == padding.compute(fb, n_q), (locs, n_q, count)
+    fb = _fb([5, 9, 0, 0], [1, 1, 1, 1])
+    fb.global_num_token_non_padded_cpu, fb.forward_mode = 3, SimpleNamespace(name="DECODE")
+    with pytest.raises(RuntimeError, match="no longer matches SGLang's"):
+        padding._CACHE.clear()
+        padding.real_rows(_with_layout(fb, [1, 1, 1, 1]))
+
+
+def _with_layout(fb, n_q):
+    """A batch query_layout can read (decode: one query token per request)."""
+    fb.seq_lens_cpu = torch.full((len(n_q),), 10)
+    fb.forward_mode = SimpleNamespace(name="DECODE", is_decode_or_idle=lambda: True)
+    return fb
+
+
 def test_attn_dp_size_is_dp_attention():
     # SGLang 0.5.23's newer spelling: --attn-dp-size N is --dp N --enable-dp-attention (which it
     # deprecates); read as plain TP it would size one shared pool for two DP attention ranks that

@@ -11,15 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sgl_ess.prefetch.split_fetch import SplitFetch
+from sgl_ess.prefetch.split_fetch import SplitFetch, torch_all_gather
 
 CASES = [("none", "inline"), ("da", "inline"), ("dba", "inline"), ("da", "stream_gpu_fake")]
-
-
-def _all_gather(t: torch.Tensor) -> torch.Tensor:
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t)
-    return torch.stack(parts)
 
 
 def _rank_main(rank: int, size: int, init: str, out_dir: str) -> None:
@@ -32,7 +26,7 @@ def _rank_main(rank: int, size: int, init: str, out_dir: str) -> None:
         split = []
 
         def wrap(e):
-            split.append(SplitFetch(e, rank, size, _all_gather))
+            split.append(SplitFetch(e, rank, size, torch_all_gather()))
             return split[-1]
         snap, _, _ = _run(mode, ring_slots=48, engine=engine, wrap_engine=wrap)    # asserts every step's output
         whole, _, _ = _run(mode, ring_slots=48, engine=engine)
@@ -69,4 +63,4 @@ def test_each_rank_reads_its_share_of_the_misses_and_attends_exactly(ranks, case
 
 def test_split_fetch_refuses_a_group_of_one():
     with pytest.raises(ValueError, match="size >= 2"):
-        SplitFetch(object.__new__(SplitFetch), 0, 1, _all_gather)
+        SplitFetch(object.__new__(SplitFetch), 0, 1, lambda t: t)

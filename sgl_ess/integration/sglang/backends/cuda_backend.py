@@ -25,9 +25,11 @@ through the store's union (store/verify.py: hot buffer and ring; the window's ow
 overflow read zero-copy by FlashTrans, only those entries, counted), attended by a torch attention
 over the decoded rows (``_CudaKernels.gathered``). Mixed chunked prefill: the prefill rows run
 SGLang's extend kernel (the riding decode rows' top-k masked out), the riding decode rows the
-store's decode path. Decode CUDA graphs: the path has no host sync and
-static shapes by design, but capture is unverified, so the launcher disables CUDA graphs with ESS
-on (``--cuda-graph-backend-{decode,prefill} disabled``; a graph flag of the user's is kept).
+store's decode path. A decode step reads nothing back to the host (padding rows from SGLang's
+count of real tokens, padding.py; the write-position check a device-side assertion; checked in the
+GPU fake). Decode CUDA graphs stay off (``--cuda-graph-backend-{decode,prefill} disabled``; a graph
+flag of the user's is kept): a replayed graph would skip the store's host-side bookkeeping (fences,
+plan events, ring sequence numbers), and capture is unverified.
 """
 
 from __future__ import annotations

@@ -9,7 +9,14 @@ the real requests; tokens past the real requests' query tokens are padding too.
 
 The store must never see a padding row: it would open, plan or commit for request row 0. Every
 seam that hands rows to the store (the backends' forwards, the indexer's early hand-off) reads
-``real_rows`` first. One host read of ``out_cache_loc`` per forward batch, cached.
+``real_rows`` first, cached per forward batch. Two ways to find them:
+  SGLang's count   ``global_num_token_non_padded_cpu``, the host int SGLang keeps of a batch's real
+                   tokens (set before DP / TBO padding, 0 for an idle rank's fabricated batch): no
+                   device read. Used on a device batch (CUDA) whenever SGLang set it and the batch is
+                   not sequence-sharded.
+  the locations    one host read of ``out_cache_loc`` (the rule above), the fallback.
+On a CPU batch both are computed and must agree (a read there costs nothing), so every server test
+checks SGLang's count against the locations in every mode it runs; a disagreement raises.
 """
 
 from __future__ import annotations
@@ -58,13 +65,44 @@ def compute(forward_batch, n_q: list[int]) -> RealRows:
     return RealRows(n_req, sum(n_q[:n_req]), total_req, total_tok)
 
 
+def from_count(forward_batch, n_q: list[int]) -> RealRows | None:
+    """RealRows from SGLang's host count of real tokens, or None where it does not say: the first
+    requests whose query tokens start before that count are real."""
+    n_tok = getattr(forward_batch, "global_num_token_non_padded_cpu", None)
+    if n_tok is None or getattr(forward_batch, "attn_tp_sequence_sharded", False):
+        return None
+    loc = forward_batch.out_cache_loc
+    total_tok = int(loc.shape[0]) if loc is not None else sum(n_q)
+    n_req, at = 0, 0
+    for n in n_q:
+        if n <= 0 or at >= n_tok:
+            break
+        n_req, at = n_req + 1, at + n
+    return RealRows(n_req, sum(n_q[:n_req]), len(n_q), total_tok)
+
+
+def reads_cost_nothing(loc) -> bool:
+    """A host read of `loc` waits for no device (the CPU)."""
+    return loc is None or loc.device.type == "cpu"
+
+
 def real_rows(forward_batch) -> RealRows:
     """RealRows of `forward_batch` (cached per batch object)."""
     key = id(forward_batch)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is forward_batch:
         return hit[1]
-    rows = compute(forward_batch, query_layout(forward_batch).n_q)
+    n_q = query_layout(forward_batch).n_q
+    counted = from_count(forward_batch, n_q)
+    if counted is not None and not reads_cost_nothing(forward_batch.out_cache_loc):
+        rows = counted                                  # a device batch: no host read
+    else:
+        rows = compute(forward_batch, n_q)
+        if counted is not None and counted != rows:
+            raise RuntimeError(f"ESS: SGLang's count of real tokens ({forward_batch.global_num_token_non_padded_cpu}) "
+                               f"gives {counted}, the padding locations give {rows} "
+                               f"({forward_batch.forward_mode.name}); the padding rule of padding.py no longer "
+                               "matches SGLang's")
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (forward_batch, rows)

@@ -55,14 +55,23 @@ class AttentionKernels(Protocol):
 
 
 def check_write_positions(loc: torch.Tensor, reqs: torch.Tensor, first_pos: torch.Tensor, n: int,
-                          req_to_token: torch.Tensor, what: str) -> None:
+                          req_to_token: torch.Tensor, what: str, sync: bool = True) -> None:
     """The rows a forward writes (out_cache_loc, [b*n]) must be the locations of positions
     first_pos .. first_pos + n - 1 of each request: otherwise the tokens being computed and the
-    cache indices the store reads are out of step (host sync: run once per forward)."""
+    cache indices the store reads are out of step. `sync` (the CPU, once per forward): read back and
+    raise with the values; else (CUDA) a device-side assertion, so the host never waits for it (a
+    failure ends the process with a CUDA device-side assert naming this check)."""
     pos = first_pos.to(torch.int64).reshape(-1, 1) + torch.arange(n, device=first_pos.device)
     expect = req_to_token[reqs.reshape(-1, 1), pos.clamp(min=0)].reshape(-1).to(torch.int64)
     got = loc.reshape(-1).to(torch.int64)
-    if got.shape != expect.shape or not torch.equal(got, expect):
+    if got.shape != expect.shape:
+        raise RuntimeError(f"ESS {what}: the forward writes {got.numel()} token locations for {reqs.numel()} "
+                           f"requests x {n} positions; refusing to read the wrong rows")
+    if not sync:
+        torch._assert_async(torch.all(got == expect), f"ESS {what}: the tokens being computed and the cache "
+                            "indices the store reads are out of step; refusing to read the wrong rows")
+        return
+    if not torch.equal(got, expect):
         raise RuntimeError(
             f"ESS {what}: the forward writes token locations {got.tolist()[:8]} but positions "
             f"{pos.reshape(-1).tolist()[:8]} of requests {reqs.tolist()[:8]} map to {expect.tolist()[:8]}: the "
@@ -158,7 +167,7 @@ class StoreForward:
         committed = torch.tensor(lay.committed[:b], dtype=torch.int64, device=reqs.device)
         if layer.layer_id == 0:
             check_write_positions(forward_batch.out_cache_loc[:b * n], reqs, committed, n, self.r2t,
-                                  forward_batch.forward_mode.name)
+                                  forward_batch.forward_mode.name, sync=self.ess.validate)
         if not real.padded:
             topk3 = topk.reshape(b, n, topk.shape[-1])
             return self.ess.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
@@ -211,7 +220,7 @@ class StoreForward:
             seq_lens = torch.tensor([lay.kv_lens[i] for i in dec_idx], dtype=torch.int64)
             loc = forward_batch.out_cache_loc[tok]
             if layer.layer_id == 0:
-                check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "mixed decode")
+                check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "mixed decode", sync=self.ess.validate)
             q3 = q[tok].reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
             o = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk[tok],
                                 self.kernels.newest(layer, loc), self.r2t,
@@ -251,14 +260,14 @@ class StoreForward:
         if b.spec_role == ROLE_DRAFT_DECODE:
             if layer.layer_id == 0:     # step i writes its (speculative) row at position seq_len + i
                 check_write_positions(loc, reqs, seq_lens + b.speculative_step_id, 1, self.r2t,
-                                      "EAGLE draft decode step")
+                                      "EAGLE draft decode step", sync=self.ess.validate)
             out = self.ess.decode_committed(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk, self.r2t, attend,
                                             max_admit=num_draft_tokens(forward_batch),
                                             micro_batch_base=b.micro_batch_base,
                                             single_call=self.kernels.single_call)
             return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if layer.layer_id == 0:         # the newest row decode admits is the one just written
-            check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode")
+            check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode", sync=self.ess.validate)
         if b.micro_batch_base and not self.ess.early_parts(layer.layer_id, reqs.numel()):
             # a TBO child at level none (no indexer hand-off): plan now, in this child's ring groups
             self.ess.early_plan(id(forward_batch), layer.layer_id, reqs, seq_lens, topk, self.r2t,

@@ -170,14 +170,14 @@ class EssPoolAdapter:
         all-gathers them (prefetch/split_fetch.py). Ignored with attention TP 1."""
         from sglang.srt.distributed.parallel_state import get_attn_tp_group
 
-        from sgl_ess.prefetch.split_fetch import SplitFetch
+        from sgl_ess.prefetch.split_fetch import SplitFetch, torch_all_gather
 
         group = get_attn_tp_group()
         if group.world_size <= 1:
             logger.info("--ess-tp-split-fetch: attention TP 1, nothing to split")
             return
         pg = group.device_group if self.store.device.type == "cuda" else group.cpu_group
-        self.store.engine = SplitFetch(self.store.engine, group.rank_in_group, group.world_size, _all_gather_on(pg))
+        self.store.engine = SplitFetch(self.store.engine, group.rank_in_group, group.world_size, torch_all_gather(pg))
         logger.info("ESS --ess-tp-split-fetch: attention-TP rank %d of %d reads 1/%d of each step's misses from host "
                     "memory; the group all-gathers them", group.rank_in_group, group.world_size, group.world_size)
 
@@ -524,18 +524,3 @@ class EssPoolAdapter:
             u["split_fetch"] = split
         return u
 
-
-def _all_gather_on(pg):
-    """t [n, B] -> [group size, n, B] over the process group `pg` (NCCL on CUDA, gloo on CPU)."""
-    import torch.distributed as dist
-
-    size = dist.get_world_size(pg)
-
-    def all_gather(t: torch.Tensor) -> torch.Tensor:
-        out = t.new_empty((size,) + tuple(t.shape))
-        if t.is_cuda:
-            dist.all_gather_into_tensor(out, t.contiguous(), group=pg)
-        else:
-            dist.all_gather(list(out.unbind(0)), t.contiguous(), group=pg)
-        return out
-    return all_gather

@@ -37,6 +37,7 @@ class StoreCounters:
     def add_step(self, layer: int, reqs: torch.Tensor, hit: torch.Tensor, miss: torch.Tensor) -> None:
         h = hit.sum(dim=1)
         m = miss.sum(dim=1)
+        reqs = reqs.clamp(min=0)          # a padded batch row (-1) has neither: it adds 0 to row 0
         self.hits[layer].index_add_(0, reqs, h)
         self.misses[layer].index_add_(0, reqs, m)
         self.layer_hits[layer] += h.sum()

@@ -132,6 +132,7 @@ class LatentStore:
         self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
         self._redirect = None                          # the Triton plan epilogue's scratch (first use)
+        self._iota = None                              # 0..b-1 for write_slots (first use)
         # zeroing that must land before host writes: each zero plan and the layers already fenced
         self._host_fence: list[tuple[Ticket, set[int]]] = []
 
@@ -217,8 +218,11 @@ class LatentStore:
         return g >= 0 and bool(self.hot.is_open[g])
 
     def groups_of(self, reqs: torch.Tensor) -> torch.Tensor:
-        """The hot buffers of request rows `reqs` (int64, on the store's device; -1: none)."""
-        return self.group_of[reqs] if self._indirect else reqs
+        """The hot buffers of request rows `reqs` (int64, on the store's device; -1: none, and a
+        padded batch row, -1, has none)."""
+        if not self._indirect:
+            return reqs
+        return torch.where(reqs >= 0, self.group_of[reqs.clamp(min=0)], -1)
 
     def shutdown(self) -> None:
         if self.trace is not None:
@@ -498,9 +502,10 @@ class LatentStore:
             self.trace.touch(layer, reqs, positions + 1, positions.unsqueeze(1))
         groups = self.groups_of(reqs)
         a = assign(self.hot, layer, groups, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
-        # the newest token always gets a slot: its absolute row in two ops (no -1 to mask)
+        # the newest token always gets a slot (its absolute row in two ops); a padded batch row (-1:
+        # SGLang's padding, as a CUDA graph pads) gets -1: the caller's write skips it
         rows = torch.add(a.slots[:, 0], groups, alpha=self.cfg.hot_slots_per_request)
-        return rows.add_(self.slots.hot_base(layer))
+        return torch.where(a.slots[:, 0] >= 0, rows.add_(self.slots.hot_base(layer)), -1)
 
     def admit(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
               validate: bool = True) -> None:
@@ -510,7 +515,15 @@ class LatentStore:
         `validate=False` skips the batch checks (a host sync) on a trusted hot path."""
         check_rows(data, reqs.numel(), self.cfg.row_bytes, "admit")
         rows = self.reserve(layer, reqs, positions, validate)
-        self.slots.rows.index_copy_(0, rows, data.to(self.device))
+        self.write_slots(rows, data)
+
+    def write_slots(self, rows: torch.Tensor, data: torch.Tensor) -> None:
+        """data uint8 [b, row_bytes] -> slot rows `rows` [b] (reserve's; -1 skipped: a padded row).
+        One FlashTrans launch on CUDA."""
+        b = rows.numel()
+        if self._iota is None or self._iota.numel() < b:
+            self._iota = torch.arange(max(b, self.cfg.max_requests), device=self.device)
+        copy_rows(data.to(self.device), self._iota[:b], self.slots.rows, rows, self.transfer_backend)
 
     def append(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
                req_to_host: torch.Tensor) -> None:

@@ -268,12 +268,12 @@ class EssPoolAdapter:
             self._early.pop(layer, None)
             if early is None:
                 rows = self.store.reserve(layer, reqs, seq_lens - 1, validate=check)
-                self.store.slot_rows.index_copy_(0, rows, data)
+                self.store.write_slots(rows, data)
                 plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token, validate=check)
                 self.plans_late += len(plans)
             else:
                 _, plans, rows = early
-                self.store.slot_rows.index_copy_(0, torch.cat(rows), data)
+                self.store.write_slots(torch.cat(rows), data)
             return decode_layer(self.store, mode, q3, plans, attend)
 
     def latent_layout(self):

@@ -66,8 +66,9 @@ def _plan_epilogue_kernel(slots_ptr, miss_ptr, hit_ptr, tok_ptr, req_ptr, grp_pt
     tl.store(fetch_out + row + idx, tl.where(mis, dst, -1), mask=inb)
     n_hit = tl.sum(hit.to(tl.int64), axis=0)                 # 4: counters
     n_miss = tl.sum(mis.to(tl.int64), axis=0)
-    tl.atomic_add(hits_ptr + g, n_hit)
-    tl.atomic_add(misses_ptr + g, n_miss)
+    gc = tl.maximum(g, 0)                                    # a padded row (-1) adds 0, inside the row
+    tl.atomic_add(hits_ptr + gc, n_hit)
+    tl.atomic_add(misses_ptr + gc, n_miss)
     tl.atomic_add(layer_cnt_ptr, n_hit)                      # layer_hits[layer]
     tl.atomic_add(layer_cnt_ptr + 1, n_miss)                 # layer_misses[layer]
     tl.atomic_add(layer_cnt_ptr + 2, n_miss)                 # rows_h2d[layer]

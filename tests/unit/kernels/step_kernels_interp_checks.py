@@ -38,6 +38,8 @@ def epilogue_case(seed: int, b: int, ring_cap: int, pad_rows: int = 0, device: s
     slots, miss, hit, tokens = (t.to(device) for t in resolver_like(g, b, pad_rows, N, k, ctx))
     reqs = torch.randperm(R, generator=g)[:b].to(device)
     groups = torch.randperm(R, generator=g)[:b].to(device)    # hot buffers are not request rows
+    if pad_rows:                                               # padded batch rows: -1, as the store passes them
+        reqs[b - pad_rows:], groups[b - pad_rows:] = -1, -1
     r2h = torch.randperm(R * ctx, generator=g).view(R, ctx).to(device)
     kw = dict(hot_base=3 * R * N, n_slots=N, ring_first=7 * R * N, ring_cap=ring_cap)
     ref_c, tri_c = StoreCounters(4, R, 656, device), StoreCounters(4, R, 656, device)

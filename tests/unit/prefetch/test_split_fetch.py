@@ -1,5 +1,6 @@
 """Issue 17's option --ess-tp-split-fetch: two real processes (a gloo group over a file rendezvous), each a
-TP rank running the same decode trace through its own store whose engine is wrapped in SplitFetch. Each
+TP rank running the same decode trace through its own store whose engine (inline; the CUDA stream engine
+as a GPU fake; the ZMQ prefetch worker, a third process per store) is wrapped in SplitFetch. Each
 rank fetches the plan entries of its parity from host memory and the group all-gathers them; attention at
 every step of every layer equals the all-resident dense reference (the overlap-level test's own check),
 and the two ranks' host reads add up to the rows one rank reads without the split."""
@@ -13,7 +14,7 @@ import torch.multiprocessing as mp
 
 from sgl_ess.prefetch.split_fetch import SplitFetch, torch_all_gather
 
-CASES = [("none", "inline"), ("da", "inline"), ("dba", "inline"), ("da", "stream_gpu_fake")]
+CASES = [("none", "inline"), ("da", "inline"), ("dba", "inline"), ("da", "stream_gpu_fake"), ("da", "worker")]
 
 
 def _rank_main(rank: int, size: int, init: str, out_dir: str) -> None:

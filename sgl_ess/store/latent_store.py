@@ -217,12 +217,14 @@ class LatentStore:
         g = self._group_host[req] if 0 <= int(req) < self.cfg.max_requests else -1
         return g >= 0 and bool(self.hot.is_open[g])
 
-    def groups_of(self, reqs: torch.Tensor) -> torch.Tensor:
-        """The hot buffers of request rows `reqs` (int64, on the store's device; -1: none, and a
-        padded batch row, -1, has none)."""
+    def groups_of(self, reqs: torch.Tensor, padded: bool = False) -> torch.Tensor:
+        """The hot buffers of request rows `reqs` (int64, on the store's device; -1: none). With
+        `padded`, rows -1 are padded batch rows and get none (two more ops with indirect buffers)."""
         if not self._indirect:
             return reqs
-        return torch.where(reqs >= 0, self.group_of[reqs.clamp(min=0)], -1)
+        if padded:
+            return torch.where(reqs >= 0, self.group_of[reqs.clamp(min=0)], -1)
+        return self.group_of[reqs]
 
     def shutdown(self) -> None:
         if self.trace is not None:
@@ -346,12 +348,13 @@ class LatentStore:
                    for layer in range(self.cfg.num_layers))
 
     def plan(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
-             req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True) -> StepPlan:
+             req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True, padded: bool = False) -> StepPlan:
         """Resolve one layer's top-k for a (sub-)batch and submit the misses' fetch.
 
         reqs int64 [b] (unique, opened), seq_lens int64 [b], topk int32/int64 [b, k] token
         positions (-1 padded), req_to_host int64 [max_requests, max_context].
-        `validate=False` skips the input checks (they sync the host) on a trusted hot path."""
+        `validate=False` skips the input checks (they sync the host) on a trusted hot path.
+        `padded`: `reqs` may hold -1 for padded batch rows: nothing is read, fetched or counted for them."""
         self._check_layer(layer)
         if not 0 <= micro_batch < self.cfg.ring_micro_batches:
             raise ValueError(f"micro_batch={micro_batch}: expected 0..{self.cfg.ring_micro_batches - 1}")
@@ -368,7 +371,7 @@ class LatentStore:
         if group in self._group_fence:            # the ring group's previous commit must have landed
             self.engine.wait(self._group_fence.pop(group))
         tokens = topk.to(self.device, torch.int64)
-        groups = self.groups_of(reqs)
+        groups = self.groups_of(reqs, padded)
         a = assign(self.hot, layer, groups, seq_lens, tokens, backend=self.resolver_backend)
         if self.spec is None:
             return self._plan_fused(layer, micro_batch, reqs, groups, tokens, a, req_to_host, group)
@@ -485,12 +488,15 @@ class LatentStore:
         self.engine.drain()
         return self._hot_rows_of(step)
 
-    def reserve(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, validate: bool = True) -> torch.Tensor:
+    def reserve(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, validate: bool = True,
+                padded: bool = False) -> torch.Tensor:
         """Make the newest tokens `positions` [b] the most recently used entries of their hot
         buffers (evicting as a step would) and return their slot rows int64 [b]; the caller writes
         the rows' bytes there (`admit` does both). Lets a step be planned before the newest latent
         row exists: the step that selects it then hits instead of fetching it back. A warmup of
-        this layer still in flight lands first: its rows must not land in a slot handed out here."""
+        this layer still in flight lands first: its rows must not land in a slot handed out here.
+        `padded`: `reqs` may hold -1 for padded batch rows (SGLang's padding, as a CUDA graph pads
+        its batch): they touch nothing and get row -1, which `write_slots` skips (two more ops)."""
         self._check_layer(layer)
         for t in self._layer_fence.pop(layer, []):
             self.engine.wait(t)
@@ -500,12 +506,11 @@ class LatentStore:
             self._check_batch(reqs)
         if self.trace is not None:
             self.trace.touch(layer, reqs, positions + 1, positions.unsqueeze(1))
-        groups = self.groups_of(reqs)
+        groups = self.groups_of(reqs, padded)
         a = assign(self.hot, layer, groups, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
-        # the newest token always gets a slot (its absolute row in two ops); a padded batch row (-1:
-        # SGLang's padding, as a CUDA graph pads) gets -1: the caller's write skips it
-        rows = torch.add(a.slots[:, 0], groups, alpha=self.cfg.hot_slots_per_request)
-        return torch.where(a.slots[:, 0] >= 0, rows.add_(self.slots.hot_base(layer)), -1)
+        # the newest token of a real row always gets a slot: its absolute row in two ops
+        rows = torch.add(a.slots[:, 0], groups, alpha=self.cfg.hot_slots_per_request).add_(self.slots.hot_base(layer))
+        return torch.where(a.slots[:, 0] >= 0, rows, -1) if padded else rows
 
     def admit(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
               validate: bool = True) -> None:

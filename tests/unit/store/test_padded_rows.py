@@ -1,7 +1,8 @@
 """Padded batch rows on the device (issue 16: the store's part of decode CUDA graphs). A CUDA graph
 replays a batch padded to its captured size, so the store must take rows marked -1 (SGLang's padding)
 without a host read and without touching anything for them: the same decode steps, once with the real
-rows and once padded with two -1 rows carrying arbitrary positions and top-k, leave the same LRU state,
+rows and once padded with two -1 rows carrying arbitrary positions and top-k (`padded=True`, as a graph
+path would call it), leave the same LRU state,
 the same hot-slot bytes and counters, and give the real rows the same read slots; the padded rows get
 -1 everywhere (no slot reserved, nothing read, nothing fetched)."""
 import pytest
@@ -50,12 +51,12 @@ def test_padded_rows_change_nothing_and_read_nothing(hot_groups, resolver):
         for layer in range(LAYERS):
             newest = token_rows(pos, ROW_BYTES, 100 + layer)
             ra = sa.reserve(layer, reqs, lens - 1, validate=False)
-            rb = sb.reserve(layer, pad_reqs, pad_lens - 1, validate=False)
+            rb = sb.reserve(layer, pad_reqs, pad_lens - 1, validate=False, padded=True)
             assert torch.equal(ra, rb[:2]) and (rb[2:] == -1).all()
             sa.write_slots(ra, newest)
             sb.write_slots(rb, torch.cat([newest, torch.full((2, ROW_BYTES), 77, dtype=torch.uint8)]))
             pa = sa.plan(layer, reqs, lens, topk, ta.req_to_host, validate=False)
-            pb = sb.plan(layer, pad_reqs, pad_lens, pad_topk, tb.req_to_host, validate=False)
+            pb = sb.plan(layer, pad_reqs, pad_lens, pad_topk, tb.req_to_host, validate=False, padded=True)
             assert torch.equal(pa.read_slots, pb.read_slots[:2])
             assert (pb.read_slots[2:] == -1).all()
             for s, p in ((sa, pa), (sb, pb)):

@@ -10,7 +10,7 @@ an op inside another op is not counted again).
   ops               top-level ATen ops per layer-step (all of them)
   launch_estimate   the ops that are not pure metadata (views, reshapes, empty allocations), with
                     each call of a kernel that is one Triton launch on CUDA counted once (KERNELS:
-                    the resolver, the plan epilogue, FlashTrans copy / move / the newest rows' write); their torch
+                    the resolver, the plan epilogue, FlashTrans copy / move); their torch
                     references run here. An estimate, not a launch count: host-to-device index
                     copies are no-ops on CPU
   kernel_calls      those one-launch kernel calls, by name
@@ -37,8 +37,7 @@ HOST_READS = {"aten::item", "aten::_local_scalar_dense"}
 KERNELS = [("sgl_ess.store.latent_store", "assign", "resolver"),
            ("sgl_ess.store.latent_store", "plan_epilogue_torch", "plan_epilogue"),
            ("sgl_ess.prefetch.stream_engine", "copy_rows", "flashtrans_copy"),
-           ("sgl_ess.prefetch.stream_engine", "move_rows", "flashtrans_move"),
-           ("sgl_ess.store.latent_store", "copy_rows", "flashtrans_write")]   # write_slots: the newest rows
+           ("sgl_ess.prefetch.stream_engine", "move_rows", "flashtrans_move")]
 
 
 class HostStreams:

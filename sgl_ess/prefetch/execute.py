@@ -25,6 +25,13 @@ def clear_staged(mem: StoreMemory, rows: torch.Tensor) -> None:
         mem.ring_tags.index_fill_(0, staged.to(mem.ring_tags.device), -1)
 
 
+def tag_ring_rows(mem: StoreMemory, dst: torch.Tensor, seq: int) -> None:
+    """Tag the ring rows among slot-space rows `dst` (-1 entries and hot slots ignored) with plan `seq`."""
+    ring = dst[dst >= mem.ring_base] - mem.ring_base
+    if ring.numel():
+        mem.ring_tags.index_fill_(0, ring.to(mem.ring_tags.device), seq)
+
+
 def run_plan(plan: CopyPlan, mem: StoreMemory, backend: str = "auto") -> int:
     """Execute `plan`; returns rows moved (entries with both indices >= 0)."""
     src, dst = plan.src_idx, plan.dst_idx
@@ -44,7 +51,5 @@ def run_plan(plan: CopyPlan, mem: StoreMemory, backend: str = "auto") -> int:
     else:  # pragma: no cover - CopyPlan validates kind
         raise ValueError(plan.kind)
     if plan.tag_seq >= 0 and plan.kind in ("h2s", "s2s", "move"):
-        ring = dst[dst >= mem.ring_base] - mem.ring_base
-        if ring.numel():
-            mem.ring_tags.index_fill_(0, ring.to(mem.ring_tags.device), plan.tag_seq)
+        tag_ring_rows(mem, dst, plan.tag_seq)
     return int(((src >= 0) & (dst >= 0)).sum()) if src.numel() else 0

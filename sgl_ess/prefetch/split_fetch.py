@@ -28,6 +28,7 @@ import torch
 
 from sgl_ess.kernels.flashtrans import copy_rows
 from sgl_ess.prefetch.engine import FetchEngine, Ticket
+from sgl_ess.prefetch.execute import tag_ring_rows
 from sgl_ess.prefetch.plan import CopyPlan
 
 
@@ -119,9 +120,7 @@ class SplitFetch(FetchEngine):
             self.rows_own += int((grid[self.rank] >= 0).sum())
             self.rows_received += int((flat >= 0).sum())
             if plan.tag_seq >= 0:
-                ring = flat[flat >= mem.ring_base] - mem.ring_base
-                if ring.numel():
-                    mem.ring_tags.index_fill_(0, ring.to(mem.ring_tags.device), plan.tag_seq)
+                tag_ring_rows(mem, flat, plan.tag_seq)
 
 
 def torch_all_gather(group=None) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -132,7 +132,7 @@ class LatentStore:
         self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
         self._redirect = None                          # the Triton plan epilogue's scratch (first use)
-        self._iota = None                              # 0..b-1 for write_slots (first use)
+        self._iota = None                              # 0..b-1 for write_slots(padded=True) (first use)
         # zeroing that must land before host writes: each zero plan and the layers already fenced
         self._host_fence: list[tuple[Ticket, set[int]]] = []
 
@@ -496,7 +496,7 @@ class LatentStore:
         row exists: the step that selects it then hits instead of fetching it back. A warmup of
         this layer still in flight lands first: its rows must not land in a slot handed out here.
         `padded`: `reqs` may hold -1 for padded batch rows (SGLang's padding, as a CUDA graph pads
-        its batch): they touch nothing and get row -1, which `write_slots` skips (two more ops)."""
+        its batch): they touch nothing and get row -1, which `write_slots(padded=True)` skips (two more ops)."""
         self._check_layer(layer)
         for t in self._layer_fence.pop(layer, []):
             self.engine.wait(t)
@@ -522,13 +522,17 @@ class LatentStore:
         rows = self.reserve(layer, reqs, positions, validate)
         self.write_slots(rows, data)
 
-    def write_slots(self, rows: torch.Tensor, data: torch.Tensor) -> None:
-        """data uint8 [b, row_bytes] -> slot rows `rows` [b] (reserve's; -1 skipped: a padded row).
-        One FlashTrans launch on CUDA."""
+    def write_slots(self, rows: torch.Tensor, data: torch.Tensor, padded: bool = False) -> None:
+        """data uint8 [b, row_bytes] -> slot rows `rows` [b] (reserve's). `padded`: rows -1 (padded
+        batch rows) are skipped, one FlashTrans launch on CUDA; otherwise one index_copy_."""
+        data = data.to(self.device)
+        if not padded:
+            self.slots.rows.index_copy_(0, rows, data)
+            return
         b = rows.numel()
         if self._iota is None or self._iota.numel() < b:
             self._iota = torch.arange(max(b, self.cfg.max_requests), device=self.device)
-        copy_rows(data.to(self.device), self._iota[:b], self.slots.rows, rows, self.transfer_backend)
+        copy_rows(data, self._iota[:b], self.slots.rows, rows, self.transfer_backend)
 
     def append(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
                req_to_host: torch.Tensor) -> None:

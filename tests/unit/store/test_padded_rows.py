@@ -54,7 +54,7 @@ def test_padded_rows_change_nothing_and_read_nothing(hot_groups, resolver):
             rb = sb.reserve(layer, pad_reqs, pad_lens - 1, validate=False, padded=True)
             assert torch.equal(ra, rb[:2]) and (rb[2:] == -1).all()
             sa.write_slots(ra, newest)
-            sb.write_slots(rb, torch.cat([newest, torch.full((2, ROW_BYTES), 77, dtype=torch.uint8)]))
+            sb.write_slots(rb, torch.cat([newest, torch.full((2, ROW_BYTES), 77, dtype=torch.uint8)]), padded=True)
             pa = sa.plan(layer, reqs, lens, topk, ta.req_to_host, validate=False)
             pb = sb.plan(layer, pad_reqs, pad_lens, pad_topk, tb.req_to_host, validate=False, padded=True)
             assert torch.equal(pa.read_slots, pb.read_slots[:2])

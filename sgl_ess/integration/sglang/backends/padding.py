@@ -43,10 +43,15 @@ class RealRows:
         return self.n_req != self.total_req or self.n_tok != self.total_tok
 
 
+def _total_tokens(forward_batch, n_q: list[int]) -> int:
+    loc = forward_batch.out_cache_loc
+    return int(loc.shape[0]) if loc is not None else sum(n_q)
+
+
 def compute(forward_batch, n_q: list[int]) -> RealRows:
     """RealRows of `forward_batch` whose requests have `n_q` query tokens each (host sync)."""
     loc = forward_batch.out_cache_loc
-    total_tok = int(loc.shape[0]) if loc is not None else sum(n_q)
+    total_tok = _total_tokens(forward_batch, n_q)
     total_req = len(n_q)
     if loc is None or total_req == 0:
         return RealRows(total_req, sum(n_q), total_req, total_tok)
@@ -71,14 +76,12 @@ def from_count(forward_batch, n_q: list[int]) -> RealRows | None:
     n_tok = getattr(forward_batch, "global_num_token_non_padded_cpu", None)
     if n_tok is None or getattr(forward_batch, "attn_tp_sequence_sharded", False):
         return None
-    loc = forward_batch.out_cache_loc
-    total_tok = int(loc.shape[0]) if loc is not None else sum(n_q)
     n_req, at = 0, 0
     for n in n_q:
         if n <= 0 or at >= n_tok:
             break
         n_req, at = n_req + 1, at + n
-    return RealRows(n_req, sum(n_q[:n_req]), len(n_q), total_tok)
+    return RealRows(n_req, sum(n_q[:n_req]), len(n_q), _total_tokens(forward_batch, n_q))
 
 
 def reads_cost_nothing(loc) -> bool:

@@ -95,8 +95,8 @@ fi
 if [ "$DRY" = 1 ]; then
   :
 elif python3 -c "import sglang, sgl_kernel" >/dev/null 2>&1; then
-  step "part 2: SGLang on the GPU, ESS off vs on"
-  timeout 240 python3 bench/gpu_serving_check.py --out "$OUT/serving_gpu.json" 2>&1 | tail -20
+  step "part 2: SGLang on the GPU, ESS off vs on (eager) vs on (decode CUDA graphs)"
+  timeout 360 python3 bench/gpu_serving_check.py --out "$OUT/serving_gpu.json" 2>&1 | tail -20
 else
   step "part 2 skipped: SGLang's CUDA stack (sglang + sgl_kernel) is not installed on this machine"
   echo '{"skipped": "sglang / sgl_kernel not installed"}' > "$OUT/serving_gpu.json"

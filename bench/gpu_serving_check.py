@@ -3,9 +3,10 @@ vs on. NOT YET RUN: it needs SGLang's CUDA stack, which no machine available so 
 
   python bench/gpu_serving_check.py [--out PATH] [--dry-run]
 
-Starts `python -m sgl_ess.launch_server` twice on CUDA (FP8 656-byte rows, FlashMLA decode, CUDA
-graphs off: ESS on) - ESS off, then ESS on with small hot buffers - sends the same greedy prompts,
-and reports whether the tokens are identical and the largest log-prob difference (FP8 attention
+Starts `python -m sgl_ess.launch_server` three times on CUDA (FP8 656-byte rows, FlashMLA decode) -
+ESS off, ESS on with small hot buffers (eager decode), and the same with decode steps captured in
+CUDA graphs (--ess-cuda-graph) - sends the same greedy prompts, and reports per ESS mode whether
+the tokens equal ESS off's and the largest log-prob difference (FP8 attention
 on a GPU is not bit-reproducible across different kernels' reduction orders, so the log-probs
 are reported, not asserted), then a short `sglang.bench_serving` run per mode at one capped device
 budget (output tok/s, completed requests).
@@ -29,9 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.meta import run_metadata, write_result  # noqa: E402
 from bench.serving_suite import start_server, stop_server  # noqa: E402
 
-COMMON = ["--device", "cuda", "--kv-cache-dtype", "fp8_e4m3", "--page-size", "64",
-          "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-          "--max-running-requests", "16", "--load-format", "dummy"]
+COMMON = ["--device", "cuda", "--kv-cache-dtype", "fp8_e4m3", "--page-size", "64", "--cuda-graph-backend-prefill",
+          "disabled", "--max-running-requests", "16", "--load-format", "dummy"]
+EAGER = ["--cuda-graph-backend-decode", "disabled"]
 # FlashMLA's sparse FP8 decode needs DeepSeek-V3.2's attention shapes (512 + 64 latent, 64 or 128
 # heads, top-k 2048): the embedded tiny model keeps its depth, width and vocabulary but gets those.
 GPU_SHAPES = {"num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
@@ -66,8 +67,11 @@ def generate(base: str, text: str) -> list:
     return [(t[1], t[0]) for t in out["meta_info"]["output_token_logprobs"]]
 
 
-MODES = {"ess_off": ["--ess-enabled", "false", "--max-total-tokens", "32768"],
-         "ess_on": ["--ess-hot-slots-per-request", "2560", "--max-total-tokens", "65536"]}
+MODES = {"ess_off": ["--ess-enabled", "false", "--max-total-tokens", "32768", *EAGER],
+         "ess_on": ["--ess-hot-slots-per-request", "2560", "--max-total-tokens", "65536", *EAGER],
+         # decode steps captured in CUDA graphs (--ess-cuda-graph): checked on CPU by a graph double only
+         "ess_on_graphs": ["--ess-hot-slots-per-request", "2560", "--max-total-tokens", "65536",
+                           "--ess-cuda-graph", "true", "--cuda-graph-backend-decode", "full"]}
 
 
 def dry_run(tmp: str) -> dict:
@@ -128,12 +132,15 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         model = gpu_model(tmp)
-        off = serve("ess_off", MODES["ess_off"], tmp, model)
-        on = serve("ess_on", MODES["ess_on"], tmp, model)
-    same = [[t for t, _ in a] == [t for t, _ in b] for a, b in zip(off["outputs"], on["outputs"])]
-    diffs = [abs(x - y) for a, b in zip(off["outputs"], on["outputs"]) for (_, x), (_, y) in zip(a, b)]
-    res = {"tokens_identical_per_request": same, "max_logprob_abs_diff": max(diffs) if diffs else None,
-           "bench_serving": {"ess_off": off["bench_serving"], "ess_on": on["bench_serving"]}}
+        runs = {name: serve(name, extra, tmp, model) for name, extra in MODES.items()}
+    off = runs["ess_off"]
+    res = {"bench_serving": {name: r["bench_serving"] for name, r in runs.items()}}
+    for name, on in runs.items():
+        if name == "ess_off":
+            continue
+        same = [[t for t, _ in a] == [t for t, _ in b] for a, b in zip(off["outputs"], on["outputs"])]
+        diffs = [abs(x - y) for a, b in zip(off["outputs"], on["outputs"]) for (_, x), (_, y) in zip(a, b)]
+        res[name] = {"tokens_identical_per_request": same, "max_logprob_abs_diff": max(diffs) if diffs else None}
     print(json.dumps(res, indent=1))
     write_result("serving_gpu", res, also_to=args.out)
     return 0

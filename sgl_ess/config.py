@@ -133,6 +133,13 @@ FIELDS: tuple[EssField, ...] = (
              "group all-gathers them, so each rank's host reads drop to 1/tp (MLA rows are the same on every rank). "
              "Trades host-link bytes for an all-gather per layer-step; `python -m bench tp_split` measures it. "
              "Ignored with attention TP 1."),
+    EssField("cuda_graph", bool, False,
+             "CUDA: let SGLang capture ESS decode steps in CUDA graphs (decode graphs only; prefill graphs stay off). "
+             "Off: --cuda-graph-backend-{decode,prefill} disabled is added, and a decode graph flag of the user's is "
+             "refused. NOT YET RUN ON A GPU: capture and replay are checked on CPU by a graph double (ops recorded "
+             "once and replayed on the same tensors). Needs the stream prefetch engine; refused with MTP "
+             "(--speculative-algorithm), --ess-speculative-prefetch, --ess-share-host-pool on, --ess-tp-split-fetch, "
+             "Two-Batch Overlap and SGLANG_ENABLE_METADATA_GLUE_GRAPH. Ignored without CUDA."),
     EssField("slo_tpot_ms", float, 0.0,
              "Decode TPOT target in ms: new requests are admitted only while the measured inter-token latency "
              "(percentile --ess-slo-itl-percentile of recent decode steps) stays within it; running requests are "
@@ -174,6 +181,7 @@ class EssConfig:
     lock_host_memory: bool = False
     share_host_pool: str = "auto"
     tp_split_fetch: bool = False
+    cuda_graph: bool = False
     slo_tpot_ms: float = 0.0
     slo_itl_percentile: float = 50.0
     slo_min_batch: int = 1

@@ -131,12 +131,15 @@ def attend_step(store, step: StepPlan, q: torch.Tensor, attend: Attend, dual: bo
 
 
 def plan_layer(store, mode: str, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
-               req_to_host: torch.Tensor, validate: bool = True, micro_batch_base: int = 0) -> list[StepPlan]:
-    """Submit the layer's fetches the way `mode` wants them (one plan, or one per DBA half)."""
+               req_to_host: torch.Tensor, validate: bool = True, micro_batch_base: int = 0,
+               padded: bool = False) -> list[StepPlan]:
+    """Submit the layer's fetches the way `mode` wants them (one plan, or one per DBA half).
+    `padded`: `reqs` may hold -1 for padding rows (store.plan)."""
     if mode == "dba":
         return [store.plan(layer, reqs[s], seq_lens[s], topk[s], req_to_host, micro_batch=micro_batch_base + i,
-                           validate=validate) for i, s in enumerate(split_halves(reqs.numel()))]
-    return [store.plan(layer, reqs, seq_lens, topk, req_to_host, micro_batch=micro_batch_base, validate=validate)]
+                           validate=validate, padded=padded) for i, s in enumerate(split_halves(reqs.numel()))]
+    return [store.plan(layer, reqs, seq_lens, topk, req_to_host, micro_batch=micro_batch_base, validate=validate,
+                       padded=padded)]
 
 
 def decode_layer(store, mode: str, q: torch.Tensor, steps: list[StepPlan], attend: Attend,

@@ -120,6 +120,7 @@ class StreamEngine(FetchEngine):
         self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
         self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
         self.zero_rows = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._touched: list = []       # side streams given work since the compute stream last joined them
 
     def submit(self, plan: CopyPlan) -> Ticket:
         t = self._assign_id(plan)
@@ -129,6 +130,8 @@ class StreamEngine(FetchEngine):
         rt = self.rt
         stream = self.zero_stream if plan.kind == "zero" else self.stream
         rt.wait_stream(stream, rt.current())     # after every index and row the compute stream made
+        if stream not in self._touched:
+            self._touched.append(stream)
         if plan.kind == "zero":
             rt.wait_stream(stream, self.stream)   # and after every copy submitted before it
             return self._submit_zero(t, plan, stream)
@@ -203,10 +206,13 @@ class StreamEngine(FetchEngine):
             copy_rows(mem.slots, src, mem.slots, dst, self.backend, count=count)
 
     def _order_all(self):
-        """The compute stream's next work waits for everything both side streams were given."""
+        """The compute stream's next work waits for everything both side streams were given. Only
+        streams given work since the last join are waited on: inside a CUDA graph capture, a wait
+        on a stream the capture never forked would be a wait on work outside the graph."""
         cur = self.rt.current()
-        self.rt.wait_stream(cur, self.stream)
-        self.rt.wait_stream(cur, self.zero_stream)
+        for s in self._touched:
+            self.rt.wait_stream(cur, s)
+        self._touched = []
         return cur
 
     def _join(self):

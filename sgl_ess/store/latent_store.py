@@ -278,6 +278,20 @@ class LatentStore:
             keep.append((ticket, fenced))
         self._host_fence = keep
 
+    def graph_boundary(self) -> None:
+        """A CUDA graph's edge (decode graphs, --ess-cuda-graph): everything submitted so far is ordered
+        before the compute stream's next work, and no ticket is kept. Before a capture and before each
+        replay this orders pending eager work (zeroing, commits, warmups) ahead of the graph; at the
+        end of a captured step it joins the step's side-stream work back into the graph (a capture
+        may not end with forked work, and an event recorded inside a graph cannot be waited on
+        outside it). A device-stream engine only: no host wait."""
+        if not self.engine.ordered_on_device:
+            raise RuntimeError(f"ESS decode CUDA graphs need the stream engine, not {self.engine.name!r}")
+        self.engine.drain()
+        self._group_fence.clear()
+        self._layer_fence.clear()
+        self._host_fence.clear()
+
     # --- decode path -------------------------------------------------------------------
     def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,
                req_to_host: torch.Tensor) -> int:

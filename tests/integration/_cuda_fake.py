@@ -25,6 +25,7 @@ import torch
 from . import _fake_runner as fr
 
 FLASH_MLA_MODULE = "sglang.kernels.ops.attention.flash_mla_interface"
+TILE_SCHEDULER_PARTS, TILE_SCHEDULER_WORDS = 8, 8      # FlashMLA: [num_sm_parts, TileSchedulerMetaDataSize]
 
 
 def ref_sparse_mla(q, kv_rows, idx, scale, dv, topk_length=None):
@@ -41,6 +42,18 @@ def ref_sparse_mla(q, kv_rows, idx, scale, dv, topk_length=None):
     lse = torch.logsumexp(logits, -1)
     p = torch.softmax(logits, -1).nan_to_num(0.0)
     return torch.einsum("shk,skd->shd", p, rows[..., :dv]), lse
+
+
+def copy_rows_static(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor) -> None:
+    """FlashTrans's copy (sgl_ess/kernels/flashtrans.py) with static shapes, as its CUDA kernel runs
+    and as a CUDA graph needs it: no compaction of the -1 entries. Each entry adds (new - old) to its
+    destination row in uint8 arithmetic (mod 256, so old + delta = new exactly); skipped entries add
+    0 to row 0. Tested against copy_rows_torch, the reference (test_cuda_graph_gpu_fake.py)."""
+    keep = (src_idx >= 0) & (dst_idx >= 0)
+    d = torch.where(keep, dst_idx, 0).to(dst.device)
+    new = src.index_select(0, torch.where(keep, src_idx, 0).to(src.device)).to(dst.device)
+    delta = torch.where(keep.to(dst.device).unsqueeze(1), new - dst.index_select(0, d), 0).to(dst.dtype)
+    dst.index_put_((d,), delta, accumulate=True)
 
 
 def ref_seqlens_expand(extend_seq_lens, seq_lens, total_len, max_q_len):
@@ -60,7 +73,10 @@ def flash_mla_stub() -> types.ModuleType:
 
     def get_mla_metadata(cache_seqlens, *args, **kwargs):
         m.calls.append("get_mla_metadata")
-        return ("tile-scheduler", cache_seqlens.clone()), None
+        # FlashMLA's shapes (the reference reads neither): a tile schedule of a fixed size per GPU and
+        # one split count per request plus one; SGLang's graph metadata slices and copies both
+        schedule = torch.zeros(TILE_SCHEDULER_PARTS, TILE_SCHEDULER_WORDS, dtype=torch.int32)
+        return schedule, torch.zeros(cache_seqlens.shape[0] + 1, dtype=torch.int32)
 
     def flash_mla_with_kvcache(q, k_cache, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                                softmax_scale, indices, block_table, is_fp8_kvcache, kv_format):

@@ -55,3 +55,32 @@ def test_sglang_internals_the_cuda_memory_hook_calls():
 
     assert _params(DefaultPoolConfigurator._compute_cell_size)[1:3] == ["kvc", "num_layers"]
     assert {"model_config", "kv_cache_dtype"} <= set(_params(calculate_mla_kv_cache_dim))
+
+
+def test_sglang_decode_graph_seams_the_cuda_path_relies_on():
+    """--ess-cuda-graph (backends/cuda_graph.py) relies on SGLang's decode graph runner: the hooks it
+    calls on the backend, the replay view's fields, and the padded tail of the static
+    req_pool_indices / out_cache_loc buffers reset to 0 before each replay (the padding rule)."""
+    import torch
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import build_decode_registry
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner as runner
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    from sgl_ess.integration.sglang.backends.cuda_backend import backend_class
+
+    assert _params(AttentionBackend.init_forward_metadata_out_graph)[1:] == ["forward_batch", "in_capture"]
+    assert callable(AttentionBackend.on_after_cuda_graph_warmup)
+    assert "post_warmup_hook" in _params(FullCudaGraphBackend.capture_one)
+    for name in ("init_forward_metadata_out_graph", "on_after_cuda_graph_warmup"):
+        assert name in backend_class().__dict__, name
+    assert {"forward_batch", "bs", "raw_bs"} <= set(_params(runner.build_replay_fb_view))
+    src = inspect.getsource(runner.build_replay_fb_view)
+    assert "num_padding=bs - raw_bs" in src and "req_pool_indices=buffers.req_pool_indices[:bs]" in src
+    reg = build_decode_registry(device=torch.device("cpu"), max_bs=4, max_num_token=4, seq_len_fill_value=1,
+                                cache_loc_dtype=torch.int64)
+    for name in ("req_pool_indices", "out_cache_loc"):
+        slot = reg.get_slot(name)
+        slot.buffer.fill_(7)                         # a previous, larger replay's rows
+        slot.reset_padding(2, 4)
+        assert slot.buffer[2:4].tolist() == [0, 0] and slot.buffer[:2].tolist() == [7, 7], name

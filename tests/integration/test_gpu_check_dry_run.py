@@ -48,6 +48,10 @@ def test_every_step_of_the_gpu_check_runs_on_cpu(tmp_path):
         assert entry["sglang_parsed"]["device"] == "cuda" and entry["sglang_parsed"]["attention_backend"] == "dsa"
     pools = {name: entry["pool"] for name, entry in serving["servers"].items()}
     assert pools["ess_on"]["ess_enabled"] and not pools["ess_off"]["ess_enabled"]
+    graphs = {name: entry["sglang_argv"] for name, entry in serving["servers"].items()}
+    decode = {name: argv[argv.index("--cuda-graph-backend-decode") + 1] if "--cuda-graph-backend-decode" in argv
+              else None for name, argv in graphs.items()}
+    assert decode == {"ess_off": "disabled", "ess_on": "disabled", "ess_on_graphs": "full"}, decode
     assert summary["tests_rc"] == 0                         # tests/gpu collected, every test skipped
     assert (tmp_path / "tests.xml").exists()
     assert {p.name for p in (tmp_path / "results").iterdir()} >= {"kernels_cpu.json", "prefetch.json", "ops_cpu.json"}

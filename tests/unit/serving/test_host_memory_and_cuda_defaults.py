@@ -66,12 +66,47 @@ def test_gpu_defaults_for_ess_off_are_sglangs():
     assert not ld.has_flag(out, "--cuda-graph-backend-decode") and not ld.has_flag(out, "--kv-cache-dtype")
 
 
-def test_a_users_cuda_graph_flag_is_kept():
-    out = ld.cuda_ess_defaults(["--cuda-graph-backend-decode", "full"])
-    assert ld.flag_value(out, "--cuda-graph-backend-decode") == "full"             # opted in: decode graphs
+def test_decode_graphs_with_ess_need_the_ess_flag():
+    """A decode graph flag of the user's is refused without --ess-cuda-graph (the eager ESS step is not
+    graph-safe: tests/integration/test_cuda_graph_gpu_fake.py); with it decode graphs are SGLang's
+    default, prefill graphs stay off; --disable-cuda-graph is kept as given."""
+    with pytest.raises(PreflightError, match="needs --ess-cuda-graph true"):
+        ld.cuda_ess_defaults(["--cuda-graph-backend-decode", "full"])
+    out = ld.cuda_ess_defaults(["--cuda-graph-backend-decode", "full"], graphs=True)
+    assert ld.flag_value(out, "--cuda-graph-backend-decode") == "full"
     assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
-    for given in (["--disable-cuda-graph"], ["--cuda-graph-config", '{"decode": {"backend": "full"}}']):
-        assert not ld.has_flag(ld.cuda_ess_defaults(given), "--cuda-graph-backend-decode")
+    out = ld.cuda_ess_defaults([], graphs=True)
+    assert not ld.has_flag(out, "--cuda-graph-backend-decode")              # SGLang's default: captured
+    assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
+    assert not ld.has_flag(ld.cuda_ess_defaults(["--disable-cuda-graph"]), "--cuda-graph-backend-decode")
+    with pytest.raises(PreflightError, match="cannot tell which phases"):
+        ld.cuda_ess_defaults(["--cuda-graph-config", '{"decode": {"backend": "full"}}'], graphs=True)
+    with pytest.raises(PreflightError, match="ESS prefill is not captured"):
+        ld.cuda_ess_defaults(["--cuda-graph-backend-prefill", "full"], graphs=True)
+
+
+@pytest.mark.parametrize("argv,flags,env,why", [
+    (["--speculative-algorithm", "EAGLE"], {}, {}, "MTP"),
+    (["--enable-two-batch-overlap"], {}, {}, "TBO"),
+    ([], {"prefetch_engine": "worker"}, {}, "--ess-prefetch-engine worker"),
+    ([], {"speculative_prefetch": "next_layer"}, {}, "--ess-speculative-prefetch"),
+    ([], {"share_host_pool": "on"}, {}, "--ess-share-host-pool on"),
+    ([], {"tp_split_fetch": "true"}, {}, "--ess-tp-split-fetch"),
+    ([], {}, {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1"}, "SGLANG_ENABLE_METADATA_GLUE_GRAPH"),
+])
+def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, flags, env, why):
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
+                                                                              "MemAvailable": 40 * GB})
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(PreflightError, match=why):
+        ld.fill_defaults(argv, _cfg(cuda_graph="true", **flags), has_cuda=True)
+    for k in env:
+        monkeypatch.delenv(k)
+    out, _ = ld.fill_defaults([], _cfg(cuda_graph="true"), has_cuda=True)    # alone: accepted
+    assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
+    out, _ = ld.fill_defaults([], _cfg(cuda_graph="true"), has_cuda=False)   # no CUDA: ignored
+    assert not ld.has_flag(out, "--cuda-graph-backend-decode")
 
 
 def test_an_explicit_pool_larger_than_host_memory_stops_the_launch(monkeypatch):

@@ -27,9 +27,10 @@ over the decoded rows (``_CudaKernels.gathered``). Mixed chunked prefill: the pr
 SGLang's extend kernel (the riding decode rows' top-k masked out), the riding decode rows the
 store's decode path. A decode step reads nothing back to the host (padding rows from SGLang's
 count of real tokens, padding.py; the write-position check a device-side assertion; checked in the
-GPU fake). Decode CUDA graphs stay off (``--cuda-graph-backend-{decode,prefill} disabled``; a graph
-flag of the user's is kept): a replayed graph would skip the store's host-side bookkeeping (fences,
-plan events, ring sequence numbers), and capture is unverified.
+GPU fake). Decode CUDA graphs are off unless ``--ess-cuda-graph`` (cuda_graph.py: SGLang's capture
+batches take a device-padded decode path, the side streams join the graph at its last layer, and
+``init_forward_metadata_out_graph`` / ``on_after_cuda_graph_warmup`` order eager work around the
+graph); checked on CPU by a graph double, never captured on a GPU.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import logging
 
 import torch
 
+from .cuda_graph import graph_rows, replay_rows
 from .padding import real_rows
 from .query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET, accepts_early_plans
 from .store_forward import StoreForward
@@ -96,6 +98,26 @@ def backend_class():
             rng = getattr(forward_batch, "tbo_parent_token_range", None)
             if rng is not None:         # a Two-Batch-Overlap child: its own ring groups (as on CPU)
                 self.micro_batch_base = 0 if rng[0] == 0 else 2
+
+        def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+            """SGLang's decode-graph metadata (before a capture, before each replay), then ESS's: a capture
+            batch is remembered (its forwards take the device-padded path); before a replay, pending
+            eager work is ordered ahead of the graph and the replay counted (cuda_graph.py)."""
+            super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+            if self._forward is None:
+                return
+            if in_capture:
+                self._forward.graph_batches.add(forward_batch)
+            else:
+                n_real, rows = replay_rows(forward_batch, self.ess.has_pending())
+                self.ess.graph_replay(rows, n_real)
+
+        def on_after_cuda_graph_warmup(self):
+            """Between SGLang's warm-up runs of a capture batch and its capture: nothing eager is left for
+            the capture to wait on."""
+            super().on_after_cuda_graph_warmup()
+            if self.ess is not None:
+                self.ess.graph_capture()
 
         def get_indexer_metadata(self, layer_id, forward_batch):
             md = super().get_indexer_metadata(layer_id, forward_batch)
@@ -252,6 +274,11 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
         if ess is not None and ess.mode(layer_id) != "none" and getattr(backend, "accepts_early_plans", True):
             from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
+            fwd = getattr(backend, "_forward", None)
+            if fwd is not None and forward_batch in fwd.graph_batches:     # a decode graph: padding rows -1
+                ess.early_plan(id(forward_batch), layer_id, graph_rows(forward_batch), forward_batch.seq_lens, out,
+                               get_req_to_token_pool().req_to_token, 0, padded=True)
+                return out
             b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned
             if b == 0:
                 return out

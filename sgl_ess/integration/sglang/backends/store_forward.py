@@ -16,7 +16,9 @@ verifying and closing hot buffers happen here, once.
   decode                   reserve the newest row, plan, land, attend over the slot space, commit
                            (``EssPoolAdapter.decode``); an EAGLE draft step reads committed rows only
 SGLang's padding rows (DP attention, TBO children, an idle DP rank's fabricated extend: padding.py)
-never reach the store: they are cut off before it is called and their outputs are zero.
+never reach the store: they are cut off before it is called and their outputs are zero. A decode
+graph's batch (--ess-cuda-graph, cuda_graph.py) is not cut on the host: its padding rows go to the
+store as request row -1, found on the device, and touch nothing.
 The store's own fence (``fence_host``) runs before any forward writes a row. Memory: none of its
 own; tensors belong to SGLang's pools and the store. No sglang import: forward batches are read
 through their attributes.
@@ -28,8 +30,9 @@ from typing import Protocol
 
 import torch
 
+from .cuda_graph import GraphBatches, graph_rows
 from .padding import real_rows
-from .query_layout import ROLE_DRAFT_DECODE, QueryLayout, num_draft_tokens, query_layout
+from .query_layout import ROLE_DRAFT_DECODE, ROLE_TARGET, QueryLayout, num_draft_tokens, query_layout
 
 
 class AttentionKernels(Protocol):
@@ -55,23 +58,28 @@ class AttentionKernels(Protocol):
 
 
 def check_write_positions(loc: torch.Tensor, reqs: torch.Tensor, first_pos: torch.Tensor, n: int,
-                          req_to_token: torch.Tensor, what: str, sync: bool = True) -> None:
+                          req_to_token: torch.Tensor, what: str, sync: bool = True, padded: bool = False) -> None:
     """The rows a forward writes (out_cache_loc, [b*n]) must be the locations of positions
     first_pos .. first_pos + n - 1 of each request: otherwise the tokens being computed and the
     cache indices the store reads are out of step. `sync` (the CPU, once per forward): read back and
     raise with the values; else (CUDA) a device-side assertion, so the host never waits for it (a
-    failure ends the process with a CUDA device-side assert naming this check)."""
+    failure ends the process with a CUDA device-side assert naming this check). `padded`: requests
+    -1 (padding rows) are not checked."""
     pos = first_pos.to(torch.int64).reshape(-1, 1) + torch.arange(n, device=first_pos.device)
-    expect = req_to_token[reqs.reshape(-1, 1), pos.clamp(min=0)].reshape(-1).to(torch.int64)
+    rows = reqs.reshape(-1, 1).clamp(min=0) if padded else reqs.reshape(-1, 1)
+    expect = req_to_token[rows, pos.clamp(min=0)].reshape(-1).to(torch.int64)
     got = loc.reshape(-1).to(torch.int64)
     if got.shape != expect.shape:
         raise RuntimeError(f"ESS {what}: the forward writes {got.numel()} token locations for {reqs.numel()} "
                            f"requests x {n} positions; refusing to read the wrong rows")
+    same = got == expect
+    if padded:
+        same = same | (reqs.reshape(-1, 1) < 0).expand(-1, n).reshape(-1)
     if not sync:
-        torch._assert_async(torch.all(got == expect), f"ESS {what}: the tokens being computed and the cache "
+        torch._assert_async(torch.all(same), f"ESS {what}: the tokens being computed and the cache "
                             "indices the store reads are out of step; refusing to read the wrong rows")
         return
-    if not torch.equal(got, expect):
+    if not bool(same.all()):
         raise RuntimeError(
             f"ESS {what}: the forward writes token locations {got.tolist()[:8]} but positions "
             f"{pos.reshape(-1).tolist()[:8]} of requests {reqs.tolist()[:8]} map to {expect.tolist()[:8]}: the "
@@ -92,6 +100,7 @@ class StoreForward:
         self.rope_dim = rope_dim
         self._layout_of = None
         self._riding_of = None
+        self.graph_batches = GraphBatches()     # SGLang's decode-graph capture batches (cuda_graph.py)
 
     @property
     def r2t(self) -> torch.Tensor:
@@ -123,7 +132,8 @@ class StoreForward:
         write()
         if share is not None:
             share.after_write(layer.layer_id)
-        self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)   # padding rows not counted
+        if forward_batch not in self.graph_batches:     # a graph's writes are counted per replay
+            self.ess.note_host_write(layer.layer_id, real_rows(forward_batch).n_tok)   # padding rows not counted
 
     def layout(self, forward_batch) -> QueryLayout:
         cached = self._layout_of
@@ -242,6 +252,8 @@ class StoreForward:
     def decode(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
         """A DECODE forward (also an EAGLE draft step). q [b, H*D]; topk int [b, k]. Returns
         [b, H*R] in q's dtype (zero for SGLang's padding rows)."""
+        if forward_batch in self.graph_batches:
+            return self._decode_graph(q, layer, forward_batch, topk)
         real = real_rows(forward_batch)
         if not real.padded:
             return self._decode(q, layer, forward_batch, topk, q.shape[0])
@@ -249,6 +261,27 @@ class StoreForward:
         if real.n_req:
             out[:real.n_req] = self._decode(q[:real.n_req], layer, forward_batch, topk[:real.n_req], real.n_req)
         return out
+
+    def _decode_graph(self, q, layer, forward_batch, topk) -> torch.Tensor:
+        """A decode step SGLang captures in a CUDA graph: the whole padded batch, padding rows -1
+        (found on the device), the same launches whatever the batch holds; their outputs zero."""
+        b = self.backend
+        if b.spec_role != ROLE_TARGET or b.micro_batch_base:
+            raise RuntimeError("ESS decode CUDA graphs: only the target model's decode without Two-Batch Overlap "
+                               "is captured (the launcher refuses MTP and TBO with --ess-cuda-graph)")
+        reqs = graph_rows(forward_batch)
+        seq_lens = forward_batch.seq_lens
+        loc = forward_batch.out_cache_loc[:reqs.shape[0]]
+        q3 = q.reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
+        if layer.layer_id == 0:
+            check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode (graph)", sync=self.ess.validate,
+                                  padded=True)
+        out = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
+                              self.kernels.newest(layer, loc), self.r2t,
+                              lambda qq, rows, slots: self.kernels.slots(qq, layer, rows, slots),
+                              single_call=self.kernels.single_call, padded=True)
+        out = out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+        return out.masked_fill((reqs < 0).unsqueeze(1), 0)
 
     def _decode(self, q, layer, forward_batch, topk, b_real: int) -> torch.Tensor:
         loc = forward_batch.out_cache_loc[:b_real]

@@ -86,7 +86,11 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
         # ESS when it is on (cuda_backend.py)
         out += ["--attention-backend", "dsa" if has_cuda else "ess"]
     if has_cuda and cfg.enabled:
-        out = cuda_ess_defaults(out)
+        out = cuda_ess_defaults(out, graphs=cfg.cuda_graph)
+        if cfg.cuda_graph:
+            check_cuda_graph(out, cfg, os.environ)
+    elif cfg.cuda_graph and cfg.enabled:
+        logger.info("--ess-cuda-graph: no CUDA here, nothing to capture (ignored)")
     if not has_flag(out, "--max-running-requests"):
         out += ["--max-running-requests", str(eng.get("decode_batch_size", DEFAULT_MAX_RUNNING_REQUESTS))]
     if has_flag(out, "--enable-deterministic-inference") and not has_flag(out, "--disable-radix-cache"):
@@ -214,12 +218,12 @@ def dp_balance_default(argv: list[str], ess_on: bool) -> list[str]:
     return [*argv, "--load-balance-method", "total_tokens"]
 
 
-def cuda_ess_defaults(argv: list[str]) -> list[str]:
+def cuda_ess_defaults(argv: list[str], graphs: bool = False) -> list[str]:
     """ESS on a GPU: FP8 656-byte rows decoded by FlashMLA over the slot table, 64-token pages, and
-    CUDA graphs off (the decode path is graph-safe by design, but capture is not yet verified) in
-    SGLang 0.5.23's spelling, ``--cuda-graph-backend-{decode,prefill} disabled`` (it deprecates
-    ``--disable-cuda-graph``). A graph flag of the user's (either spelling, a phase, or
-    ``--cuda-graph-config``) is theirs: only the phases it leaves unset are disabled."""
+    CUDA graphs off in SGLang 0.5.23's spelling, ``--cuda-graph-backend-{decode,prefill} disabled`` (it
+    deprecates ``--disable-cuda-graph``). `graphs` (--ess-cuda-graph): decode graphs are SGLang's to
+    choose (prefill graphs stay off). Without it a decode graph flag of the user's is refused: the
+    eager ESS step reads the batch's padding on the host, which a capture cannot do."""
     out = list(argv)
     if not has_flag(out, "--kv-cache-dtype"):
         out += ["--kv-cache-dtype", "fp8_e4m3"]
@@ -227,14 +231,52 @@ def cuda_ess_defaults(argv: list[str]) -> list[str]:
         out += ["--dsa-decode-backend", "flashmla_kv"]
     if not has_flag(out, "--page-size"):
         out += ["--page-size", str(DSA_PAGE_SIZE)]
-    if not has_flag(out, "--disable-cuda-graph") and not has_flag(out, "--cuda-graph-config"):
-        for phase in ("decode", "prefill"):
-            if not has_flag(out, f"--cuda-graph-backend-{phase}"):
-                out += [f"--cuda-graph-backend-{phase}", "disabled"]
-    if flag_value(out, "--cuda-graph-backend-decode") not in (None, "disabled") or has_flag(out, "--cuda-graph-config"):
-        logger.warning("ESS on CUDA with decode CUDA graphs: the ESS decode step has not been captured on a GPU yet; "
-                       "if capture or replay fails, drop the graph flag (the default disables them)")
+    if has_flag(out, "--disable-cuda-graph"):
+        return out
+    if has_flag(out, "--cuda-graph-config"):
+        raise PreflightError("--cuda-graph-config with ESS on CUDA: sgl-ess cannot tell which phases it captures; "
+                             "use --cuda-graph-backend-decode with --ess-cuda-graph true (decode graphs), or drop it")
+    prefill = flag_value(out, "--cuda-graph-backend-prefill")
+    if prefill not in (None, "disabled"):
+        raise PreflightError(f"--cuda-graph-backend-prefill {prefill} with ESS on CUDA: ESS prefill is not captured "
+                             "(only decode steps are, with --ess-cuda-graph true); drop the flag")
+    if prefill is None:
+        out += ["--cuda-graph-backend-prefill", "disabled"]
+    decode = flag_value(out, "--cuda-graph-backend-decode")
+    if graphs:
+        logger.warning("--ess-cuda-graph: SGLang captures ESS decode steps in CUDA graphs; this has been checked on "
+                       "CPU by a graph double only, never captured on a GPU (drop the flag to run eager)")
+    elif decode not in (None, "disabled"):
+        raise PreflightError(f"--cuda-graph-backend-decode {decode} with ESS on CUDA needs --ess-cuda-graph true "
+                             "(decode graphs with ESS, never yet run on a GPU); or drop the flag to run eager")
+    elif decode is None:
+        out += ["--cuda-graph-backend-decode", "disabled"]
     return out
+
+
+def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
+    """--ess-cuda-graph: refuse what a replayed graph cannot hold - options whose per-step state lives on
+    the host (pools/pool_adapter._check_graph_mode checks the store again) and SGLang modes whose
+    graphs ESS does not capture."""
+    why = []
+    if flag_value(argv, "--speculative-algorithm") not in (None, "", "NONE", "none"):
+        why.append("MTP (--speculative-algorithm): the draft and verify steps are not captured with ESS")
+    if has_flag(argv, "--enable-two-batch-overlap"):
+        why.append("--enable-two-batch-overlap: TBO children are not captured with ESS")
+    if cfg.prefetch_engine not in ("auto", "stream"):
+        why.append(f"--ess-prefetch-engine {cfg.prefetch_engine}: a graph is ordered by the stream engine's "
+                   "streams (use stream or auto)")
+    if cfg.speculative_prefetch != "off":
+        why.append("--ess-speculative-prefetch: its predictor runs on the host each step")
+    if cfg.share_host_pool == "on":
+        why.append("--ess-share-host-pool on: its per-forward lockstep check runs on the host")
+    if cfg.tp_split_fetch:
+        why.append("--ess-tp-split-fetch: its exchange is planned on the host each step")
+    if str(environ.get("SGLANG_ENABLE_METADATA_GLUE_GRAPH", "")).lower() in ("1", "true", "yes", "on"):
+        why.append("SGLANG_ENABLE_METADATA_GLUE_GRAPH: a glued replay skips the hook that orders ESS's eager work "
+                   "before the graph")
+    if why:
+        raise PreflightError("--ess-cuda-graph cannot be used with " + "; ".join(why))
 
 
 def fp8_geometry(geo, model_path: str):

@@ -155,6 +155,11 @@ class EssPoolAdapter:
         self.plans_early = 0      # plans submitted by the indexer hand-off (fetch hidden behind compute)
         self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
         self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
+        # --ess-cuda-graph: SGLang may capture decode steps (backends/cuda_graph.py); ignored without CUDA
+        self.graph_captures = self.graph_replays = 0
+        self.graph_rows = 0       # real request rows over all replays (padding rows not counted)
+        if cfg.cuda_graph and self.store.device.type == "cuda":
+            self._check_graph_mode()
         if self.store.engine.synchronous and self.level != "none":
             logger.info("ESS overlap level %s: the %s prefetch engine fetches in the calling thread, so there is "
                         "nothing to overlap; decode runs as 'none' (--ess-prefetch-engine worker overlaps)",
@@ -164,6 +169,21 @@ class EssPoolAdapter:
                     self.store_cfg.host_bytes / 1e6, self.store_cfg.hot_slots_per_request, self.store_cfg.groups,
                     self.store_cfg.device_bytes / 1e6,
                     f"; {max_requests} request rows share them (PD pre-allocation)" if self.store_cfg.hot_groups else "")
+
+    def _check_graph_mode(self) -> None:
+        """--ess-cuda-graph: a device-ordered engine, and none of the options whose per-step state lives
+        on the host, which a replayed graph never runs (the launcher refuses them first)."""
+        cfg, engine = self.cfg, self.store.engine
+        if not engine.ordered_on_device:
+            raise RuntimeError(f"--ess-cuda-graph needs the stream prefetch engine (--ess-prefetch-engine stream or "
+                               f"auto), not {engine.name!r}")
+        host_side = {"--ess-speculative-prefetch": cfg.speculative_prefetch != "off",
+                     "--ess-share-host-pool on": self.share is not None,
+                     "--ess-tp-split-fetch": cfg.tp_split_fetch}
+        for flag, on in host_side.items():
+            if on:
+                raise RuntimeError(f"--ess-cuda-graph with {flag}: its per-step state lives on the host, which a "
+                                   "replayed graph never runs; drop one of them")
 
     def _split_fetch(self) -> None:
         """--ess-tp-split-fetch: this rank reads its share of each step's misses; the attention-TP group
@@ -227,11 +247,12 @@ class EssPoolAdapter:
         return split_halves(batch_size) if mode == "dba" else [slice(0, batch_size)]
 
     def early_plan(self, batch_key: int, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor,
-                   topk: torch.Tensor, req_to_token: torch.Tensor, part: int) -> None:
+                   topk: torch.Tensor, req_to_token: torch.Tensor, part: int, padded: bool = False) -> None:
         """Called by the indexer as soon as the top-k of slice `part` of the decode batch exists
         (see `early_parts`): reserve the newest tokens' slots and submit the misses' fetch, so it
         hides behind the rest of the layer's compute (and, for DBA, the other half's indexer).
-        `batch_key` identifies the forward batch; `decode` uses the plans only for that batch."""
+        `batch_key` identifies the forward batch; `decode` uses the plans only for that batch.
+        `padded`: `reqs` holds -1 for SGLang's padding rows (a CUDA graph's batch): they touch nothing."""
         with self._lock:
             key, plans, newest = self._early.get(layer, (None, [], []))
             if key != batch_key:                   # plans of an abandoned forward: never reused
@@ -239,9 +260,9 @@ class EssPoolAdapter:
                 key, plans, newest = batch_key, [], []
                 self._early[layer] = (key, plans, newest)
             check = self.validate and layer == 0
-            newest.append(self.store.reserve(layer, reqs, seq_lens - 1, validate=check))
+            newest.append(self.store.reserve(layer, reqs, seq_lens - 1, validate=check, padded=padded))
             plans.append(self.store.plan(layer, reqs, seq_lens, topk, req_to_token, micro_batch=part,
-                                         validate=check))
+                                         validate=check, padded=padded))
             self.plans_early += 1
 
     def _discard_early(self, layer: int) -> None:
@@ -252,11 +273,13 @@ class EssPoolAdapter:
 
     def decode(self, batch_key: int, layer: int, q3: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor,
                topk: torch.Tensor, newest: torch.Tensor, req_to_token: torch.Tensor, attend,
-               single_call: bool = False) -> torch.Tensor:
+               single_call: bool = False, padded: bool = False) -> torch.Tensor:
         """One layer's decode attention over the store. q3 [b, H, D]; newest [b, kv_dim] (the
         step's new latent rows, cache dtype); returns out float [b, H, R]. `single_call`: `attend`
         must see the whole batch in one call and returns no log-sum-exp (SGLang's FlashMLA wrapper),
-        so the attention runs once after the fetch landed whatever the level."""
+        so the attention runs once after the fetch landed whatever the level. `padded`: `reqs` holds
+        -1 for SGLang's padding rows (a captured CUDA graph's batch); the last layer of such a step
+        joins its side-stream work back into the compute stream (store.graph_boundary)."""
         mode = "none" if single_call else self.mode(layer)
         check = self.validate and layer == 0
         data = newest.contiguous().view(torch.uint8).reshape(newest.shape[0], self.row_bytes)
@@ -267,14 +290,42 @@ class EssPoolAdapter:
                 early = None
             self._early.pop(layer, None)
             if early is None:
-                rows = self.store.reserve(layer, reqs, seq_lens - 1, validate=check)
-                self.store.write_slots(rows, data)
-                plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token, validate=check)
+                rows = self.store.reserve(layer, reqs, seq_lens - 1, validate=check, padded=padded)
+                self.store.write_slots(rows, data, padded=padded)
+                plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token, validate=check,
+                                   padded=padded)
                 self.plans_late += len(plans)
             else:
                 _, plans, rows = early
-                self.store.write_slots(torch.cat(rows), data)
-            return decode_layer(self.store, mode, q3, plans, attend)
+                self.store.write_slots(rows[0] if len(rows) == 1 else torch.cat(rows), data, padded=padded)
+            out = decode_layer(self.store, mode, q3, plans, attend)
+            if padded and layer == self.layers - 1:
+                self.store.graph_boundary()     # a captured step ends with its side-stream work joined
+            return out
+
+    # --- decode CUDA graphs (cuda_graph.py) ---------------------------------------------
+    def graph_capture(self) -> None:
+        """Before SGLang captures a decode graph (after its warm-up runs): order everything eager
+        before the capture, keep no ticket the capture could wait on."""
+        with self._lock:
+            for layer in list(self._early):
+                self._discard_early(layer)     # a warm-up run's plans (padding rows only: nothing moves)
+            self.store.graph_boundary()
+            self.graph_captures += 1
+
+    def graph_replay(self, rows: list[int] | None, n_real: int) -> None:
+        """Before SGLang replays a decode graph of `n_real` real request rows (`rows`: their request
+        rows, read only when a PD decode node has rows waiting to open): open those hot buffers,
+        order pending eager work (zeroing of released rows, prefill warmups, commits) before the
+        graph, and count what the replay does that no Python sees (its host writes, its rows)."""
+        if rows is not None and self.has_pending():
+            self.open_pending(rows)
+        with self._lock:
+            self.store.graph_boundary()
+            self.graph_replays += 1
+            self.graph_rows += n_real
+        for layer in range(self.layers):
+            self.note_host_write(layer, n_real)
 
     def latent_layout(self):
         """The rows' LatentLayout (for the Triton decode kernel and the torch reference)."""
@@ -380,10 +431,14 @@ class EssPoolAdapter:
         self.mixed_decode_rows = getattr(self, "mixed_decode_rows", 0) + rows
 
     def path_usage(self) -> dict:
-        """Counters of the MTP (verify, draft extend) and mixed-batch paths (empty until one runs)."""
+        """Counters of the MTP (verify, draft extend), mixed-batch and decode-graph paths (empty until
+        one runs)."""
         out = {}
         if getattr(self, "mixed_decode_rows", 0):
             out["mixed_decode_rows"] = self.mixed_decode_rows
+        if self.graph_captures:
+            out.update(graph_captures=self.graph_captures, graph_replays=self.graph_replays,
+                       graph_rows=self.graph_rows)
         if getattr(self, "_mtp_rows", None) is None:
             return out
         return {**out, "mtp_steps": self.mtp_steps, "mtp_rows_admitted": self._mtp_rows.rows_admitted,

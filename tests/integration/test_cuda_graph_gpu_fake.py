@@ -34,13 +34,19 @@ BF16_ULP = 2.0 ** -8
 
 
 @pytest.fixture(params=["flashmla_kv", "flashmla_sparse"])
-def graph_fake(request, ess_env, monkeypatch):
+def graph_fakes(request, ess_env, monkeypatch):
+    """make() -> (backend, runner, streams): a CUDA backend class on its own pools and store, any number."""
     from sglang.srt.model_executor import forward_context
     from sglang.srt.runtime_context import get_parallel
 
     ess_env(hot_slots_per_request=24, cuda_graph=True)
     _, ov = install_gpu_fakes(monkeypatch, decode_impl=request.param)
-    with get_parallel().override(attn_dcp_rank=0):
+    monkeypatch.setattr(flashtrans, "copy_rows_torch", copy_rows_static)   # FlashTrans with static shapes
+    current = {}
+    monkeypatch.setattr(forward_context, "get_attn_backend", lambda: current["backend"])
+    monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: current["backend"].req_to_token_pool)
+
+    def make():
         req_pool, alloc = fr.shared_pools()
         runner = cuda_runner(req_pool, alloc, LAYERS)
         backend = backend_class()(runner)
@@ -48,12 +54,21 @@ def graph_fake(request, ess_env, monkeypatch):
         rt = CaptureStreams(seed=3)
         store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=rt, zero_backend="torch")
         store.resolver_backend = "torch"                 # the Triton resolver's reference (numba is the CPU's)
-        monkeypatch.setattr(flashtrans, "copy_rows_torch", copy_rows_static)   # FlashTrans with static shapes
         backend.ess.validate = False                     # as on CUDA (the fake's device is the CPU)
-        monkeypatch.setattr(forward_context, "get_attn_backend", lambda: backend)
-        monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: req_pool)
-        yield backend, runner, rt
+        current["backend"] = backend                     # SGLang's forward context: the backend running now
+        return backend, runner, rt
+
+    def use(backend):
+        current["backend"] = backend
+    make.use = use
+    with get_parallel().override(attn_dcp_rank=0):
+        yield make
     ov.restore()
+
+
+@pytest.fixture
+def graph_fake(graph_fakes):
+    return graph_fakes()
 
 
 def _bound(want: torch.Tensor) -> float:
@@ -230,3 +245,48 @@ def test_the_static_flashtrans_stand_in_equals_the_reference():
         flashtrans.copy_rows_torch(src, src_idx, want, dst_idx)
         copy_rows_static(src, src_idx, got, dst_idx)
         assert torch.equal(got, want), trial
+
+
+def test_gpu_fake_graph_replays_leave_the_store_as_eager_steps_do(graph_fakes):
+    """The same requests and steps through two stores, one replaying a captured step and one running
+    every step eagerly: the same outputs, and afterwards the same LRU state, hot-slot bytes and
+    counters - a replay does all of a step's bookkeeping that lives on the device."""
+    make = graph_fakes
+    (gb, grun, grt), (eb, erun, _) = make(), make()
+    gens = {id(gb): torch.Generator().manual_seed(41), id(eb): torch.Generator().manual_seed(41)}
+    prompts = {1: 130, 2: 95, 3: 60}
+    for b, run in ((gb, grun), (eb, erun)):
+        make.use(b)
+        _start(b, run, [1, 2, 3], list(prompts.values()), gens[id(b)])
+    make.use(gb)
+    step = CapturedStep(gb, grun)
+    graph = Graph(grt)
+    step.capture(graph)
+    seq = {r: p for r, p in prompts.items()}
+    r2t = erun.req_to_token_pool.req_to_token
+    for n, rows in enumerate(([1, 2, 3], [3, 1], [2, 3, 1], [1])):
+        for r in rows:
+            seq[r] += 1
+        make.use(gb)
+        step.load(rows, [seq[r] for r in rows], gens[id(gb)])
+        graph.replay()
+        make.use(eb)
+        fb = cuda_batch("DECODE", rows, [seq[r] for r in rows],
+                        torch.stack([r2t[r, seq[r] - 1] for r in rows]).long())
+        eb.init_forward_metadata(fb)
+        k = len(rows)
+        for li in range(LAYERS):
+            out = eb.forward_decode(step.q[li][:k].clone(), None, None, cuda_layer(li), fb, save_kv_cache=False,
+                                    topk_indices=step.topk[li][:k].clone())
+            assert torch.equal(out.reshape(k, -1), step.outs[li].reshape(BS, -1)[:k]), (n, li)
+    eb.ess.store.engine.drain()
+    eb.ess.store.engine.rt.finish()
+    gb.ess.store.engine.drain()
+    grt.finish()
+    sg, se = gb.ess.store, eb.ess.store
+    assert torch.equal(sg.hot.slot_to_token, se.hot.slot_to_token)
+    assert torch.equal(sg.hot.lru_order, se.hot.lru_order)
+    assert torch.equal(sg.slots.rows[:sg.slots.ring_base], se.slots.rows[:se.slots.ring_base])
+    assert torch.equal(sg.counters.step_counts, se.counters.step_counts)
+    assert torch.equal(sg.counters.hits, se.counters.hits) and torch.equal(sg.counters.misses, se.counters.misses)
+    assert int(sg.counters.layer_misses.sum()) > 0 and int(sg.counters.layer_hits.sum()) > 0

@@ -3,7 +3,11 @@ them later on the same tensors, with the rules a real capture enforces.
 
   capture   runs the callable once under a TorchDispatchMode that records every ATen op with its
             argument and result tensors (the tensors stay alive: a graph's memory pool). Python runs
-            only here, as in a real capture: host state it changes is changed once.
+            only here, as in a real capture: host state it changes is changed once. No kernel runs
+            in a real capture, so afterwards every tensor that existed before is restored to what it
+            held (the ops ran here only to give Python its shapes), and every tensor the capture
+            allocated holds junk until the first replay - a cache first filled inside a capture, or
+            read by another graph, shows up as junk.
   replay    re-runs the recorded ops in order on the same tensors: views are kept (they alias
             already), in-place and out= ops run again, and every other op's result is copied into
             the tensor it returned at capture (a graph's outputs live at fixed addresses). No Python
@@ -75,13 +79,15 @@ class Graph:
         if self.streams is not None:
             self.streams.begin_capture()
         torch.Tensor.tolist, torch.Tensor.numpy = no_read, no_read
+        rec = _Recorder(self.ops)
         try:
-            with _Recorder(self.ops):
+            with rec:
                 out = fn()
         finally:
             torch.Tensor.tolist, torch.Tensor.numpy = tolist, numpy
         if self.streams is not None:
             self.streams.end_capture()
+        rec.undo()
         self.captured = True
         return out
 
@@ -106,14 +112,48 @@ class Graph:
         return sum(1 for op in self.ops if op[4] != "view")
 
 
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _junk(t: torch.Tensor) -> None:
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(-3 if t.is_signed() else 0xA5)     # -3: an index no padding rule uses; 0xA5 in bytes
+
+
 class _Recorder(TorchDispatchMode):
+    """Records the ops; remembers what the capture wrote into tensors that existed before it (to put
+    back) and which storages it allocated (to fill with junk): `undo`, once capture ends."""
+
     def __init__(self, ops: list):
         super().__init__()
         self.ops = ops
+        self.allocated: dict[int, torch.Tensor] = {}      # storage -> one tensor over it
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def undo(self) -> None:
+        with torch.no_grad():
+            for t, before in reversed(self.saved):
+                t.copy_(before)
+            for t in self.allocated.values():
+                base = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+                _junk(base)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         _refuse(func, args, kwargs)
+        schema = func._schema
+        if schema.is_mutable:
+            given = dict(zip([a.name for a in schema.arguments], args)) | kwargs
+            for a in schema.arguments:
+                t = given.get(a.name)
+                if (a.alias_info is not None and a.alias_info.is_write and isinstance(t, torch.Tensor)
+                        and _storage(t) not in self.allocated):
+                    self.saved.append((t, t.clone()))
         res = func(*args, **kwargs)
         schema = func._schema
         if schema.is_mutable:
@@ -124,7 +164,12 @@ class _Recorder(TorchDispatchMode):
             kind = "view"          # nothing to re-run: its contents are unspecified anyway
         else:
             kind = "functional"
-        self.ops.append((func, args, kwargs, tree_flatten(res)[0], kind))
+        outs = tree_flatten(res)[0]
+        if kind == "functional" or func in NO_KERNEL:
+            for t in outs:
+                if isinstance(t, torch.Tensor) and t.numel():
+                    self.allocated.setdefault(_storage(t), t)
+        self.ops.append((func, args, kwargs, outs, kind))
         return res
 
 

@@ -109,14 +109,14 @@ class CapturedStep:
     buffers of BS rows, the capture batch over them, one step of every layer (the indexer's
     hand-off, then attention) captured once and replayed with new contents."""
 
-    def __init__(self, backend, runner):
-        self.backend, self.runner = backend, runner
-        self.req_pool_indices = torch.zeros(BS, dtype=torch.int64)
-        self.seq_lens = torch.ones(BS, dtype=torch.int64)          # SGLang's fill value for padding rows
-        self.out_cache_loc = torch.zeros(BS, dtype=torch.int64)
-        self.q = [torch.zeros(BS, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(LAYERS)]
-        self.topk = [torch.full((BS, fr.TOPK), -1, dtype=torch.int32) for _ in range(LAYERS)]
-        fb = cuda_batch("DECODE", [0] * BS, [1] * BS, torch.zeros(BS, dtype=torch.int64))
+    def __init__(self, backend, runner, bs: int = BS):
+        self.backend, self.runner, self.bs = backend, runner, bs
+        self.req_pool_indices = torch.zeros(bs, dtype=torch.int64)
+        self.seq_lens = torch.ones(bs, dtype=torch.int64)          # SGLang's fill value for padding rows
+        self.out_cache_loc = torch.zeros(bs, dtype=torch.int64)
+        self.q = [torch.zeros(bs, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(LAYERS)]
+        self.topk = [torch.full((bs, fr.TOPK), -1, dtype=torch.int32) for _ in range(LAYERS)]
+        fb = cuda_batch("DECODE", [0] * bs, [1] * bs, torch.zeros(bs, dtype=torch.int64))
         fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc = self.req_pool_indices, self.seq_lens, self.out_cache_loc
         fb.seq_lens_cpu = self.seq_lens
         self.fb = fb
@@ -130,9 +130,10 @@ class CapturedStep:
                                                     save_kv_cache=False, topk_indices=topk))
         return outs
 
-    def capture(self, graph: Graph) -> None:
+    def capture(self, graph: Graph, init_state: bool = True) -> None:
         b = self.backend
-        b.init_cuda_graph_state(BS, BS)
+        if init_state:                                  # once per runner, at the largest size
+            b.init_cuda_graph_state(self.bs, self.bs)
         b.init_forward_metadata_out_graph(self.fb, in_capture=True)
         self.forward()                                  # SGLang's warm-up run (eager, padding rows only)
         b.on_after_cuda_graph_warmup()
@@ -140,7 +141,7 @@ class CapturedStep:
 
     def load(self, rows, seq, gen):
         """SGLang's load_batch: the real rows first, the padded tail reset to 0 (fill value for seq_lens)."""
-        n, r2t = len(rows), self.runner.req_to_token_pool.req_to_token
+        n, r2t, BS = len(rows), self.runner.req_to_token_pool.req_to_token, self.bs  # noqa: N806
         self.req_pool_indices.zero_()
         self.out_cache_loc.zero_()
         self.seq_lens.fill_(1)
@@ -158,7 +159,7 @@ class CapturedStep:
         self.backend.init_forward_metadata_out_graph(view)      # SGLang's replay-side prep, then ESS's hook
 
     def check(self, rows) -> None:
-        n = len(rows)
+        n, BS = len(rows), self.bs  # noqa: N806
         for li in range(LAYERS):
             out = self.outs[li].float().reshape(BS, fr.HEADS, fr.KV_LORA)
             want = reference(self.runner, li, self.q[li][:n], torch.tensor(rows), self.topk[li][:n])
@@ -174,9 +175,11 @@ def test_gpu_fake_a_captured_decode_step_replays_exactly_as_requests_come_and_go
     _start(backend, runner, [1, 2, 3], list(prompts.values()), gen)
     seq = {r: p + 1 for r, p in prompts.items()}
     _eager_step(backend, runner, [1, 2, 3], [seq[r] for r in (1, 2, 3)], gen)
-    step = CapturedStep(backend, runner)
-    graph = Graph(rt)
-    step.capture(graph)
+    # two captured sizes, as SGLang captures several (largest first); each replays the batches it fits
+    big, small = CapturedStep(backend, runner, 4), CapturedStep(backend, runner, 2)
+    graphs = {id(big): Graph(rt), id(small): Graph(rt)}
+    big.capture(graphs[id(big)])
+    small.capture(graphs[id(small)], init_state=False)
 
     counters = backend.ess.store.counters
 
@@ -186,9 +189,10 @@ def test_gpu_fake_a_captured_decode_step_replays_exactly_as_requests_come_and_go
     def replay(rows):
         for r in rows:
             seq[r] += 1
+        step = small if len(rows) <= small.bs else big
         step.load(rows, [seq[r] for r in rows], gen)
         before = looked_up()
-        graph.replay()                                   # side streams have run nothing since the last step
+        graphs[id(step)].replay()                        # side streams have run nothing since the last step
         step.check(rows)
         # the replay counted each real row's top-k entries once per layer (device counters), padding nothing
         want = torch.stack([(step.topk[li][:len(rows)] >= 0).sum() for li in range(LAYERS)])
@@ -207,7 +211,7 @@ def test_gpu_fake_a_captured_decode_step_replays_exactly_as_requests_come_and_go
         seq[r] += 1
     replay([2, 3])
     usage = backend.ess.path_usage()
-    assert usage["graph_captures"] == 1 and usage["graph_replays"] == 5 and usage["graph_rows"] == 3 + 3 + 2 + 3 + 2
+    assert usage["graph_captures"] == 2 and usage["graph_replays"] == 5 and usage["graph_rows"] == 3 + 3 + 2 + 3 + 2
 
 
 def test_gpu_fake_the_eager_decode_path_is_not_graph_safe(graph_fake):

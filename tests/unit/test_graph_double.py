@@ -23,7 +23,24 @@ def test_a_replay_reruns_the_ops_on_new_inputs_and_not_the_python():
     g.replay()
     assert calls == [1]
     assert out.reshape(-1).tolist() == [2.0, -1.0, 6.0, -1.0]
-    assert acc.tolist() == [1.0, -2.0, 5.0, -2.0]    # capture (-1 each) + replay
+    assert acc.tolist() == [2.0, -1.0, 6.0, -1.0]    # the replay only: no kernel ran at capture
+
+
+def test_a_capture_runs_no_kernel_before_tensors_keep_their_values_new_ones_are_junk():
+    x = torch.arange(4.0)
+    cache = {}
+
+    def step():
+        x.mul_(2)                                   # a kernel on an old tensor: not run at capture
+        cache["iota"] = torch.arange(4)             # a tensor made inside the capture: junk until replay
+        return x + 1
+    g = Graph()
+    out = g.capture(step)
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert out.isnan().all() and (cache["iota"] == -3).all()
+    g.replay()
+    assert x.tolist() == [0.0, 2.0, 4.0, 6.0] and out.tolist() == [1.0, 3.0, 5.0, 7.0]
+    assert cache["iota"].tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("bad", [
@@ -49,7 +66,7 @@ def test_stream_rules_fork_join_isolation():
     g = Graph(rt)
     g.capture(forked_and_joined)
     g.replay()
-    assert x.tolist() == [2.0, 2.0]
+    assert x.tolist() == [1.0, 1.0]                   # the replay's add only
 
     rt1 = CaptureStreams()
     low = rt1.stream("low")

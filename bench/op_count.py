@@ -37,7 +37,8 @@ HOST_READS = {"aten::item", "aten::_local_scalar_dense"}
 KERNELS = [("sgl_ess.store.latent_store", "assign", "resolver"),
            ("sgl_ess.store.latent_store", "plan_epilogue_torch", "plan_epilogue"),
            ("sgl_ess.prefetch.stream_engine", "copy_rows", "flashtrans_copy"),
-           ("sgl_ess.prefetch.stream_engine", "move_rows", "flashtrans_move")]
+           ("sgl_ess.prefetch.stream_engine", "move_rows", "flashtrans_move"),
+           ("sgl_ess.store.latent_store", "copy_rows", "flashtrans_copy")]      # the padded newest-row write
 
 
 class HostStreams:
@@ -101,8 +102,10 @@ def _under(e, name):
 
 
 def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int = 2048, steps: int = 3,
-                   seed: int = 0) -> dict:
-    """Per layer-step counts of a warm decode step (after `steps - 1` steps of the same shape)."""
+                   seed: int = 0, padded: int = 0) -> dict:
+    """Per layer-step counts of a warm decode step (after `steps - 1` steps of the same shape).
+    `padded` > 0: the step a decode CUDA graph holds (--ess-cuda-graph): the batch's last `padded`
+    rows are padding (request -1, as a graph pads its batch), the store called with padded=True."""
     from sgl_ess.prefetch.stream_engine import StreamEngine
     from sgl_ess.store import LatentStore, RequestTable, StoreConfig
 
@@ -139,11 +142,16 @@ def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int =
             new = torch.randint(0, 256, (batch, 656), dtype=torch.uint8, generator=g)
             locs = table.req_to_host[reqs, pos]
             store.write_host(0, locs, new)                 # SGLang's writer (not part of the step)
+            if padded:
+                real = torch.arange(batch) < batch - padded
+                reqs = torch.where(real, reqs, -1)
+                lens, pos = torch.where(real, lens, 1), torch.where(real, pos, 0)
+                topk = torch.where(real.unsqueeze(1), topk, -1)
 
             def layer_step():
-                rows = store.reserve(0, reqs, pos, validate=False)
-                store.write_slots(rows, new)                 # as pool_adapter.decode writes the newest rows
-                sp = store.plan(0, reqs, lens, topk, table.req_to_host, validate=False)
+                rows = store.reserve(0, reqs, pos, validate=False, padded=bool(padded))
+                store.write_slots(rows, new, padded=bool(padded))   # as pool_adapter.decode writes the newest rows
+                sp = store.plan(0, reqs, lens, topk, table.req_to_host, validate=False, padded=bool(padded))
                 store.land(sp)
                 store.commit(sp)
 

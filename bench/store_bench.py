@@ -230,6 +230,10 @@ def main(argv=None) -> int:
           f"kernel launches on CUDA (each resolver, plan-epilogue and FlashTrans call one Triton launch: "
           f"{ops['kernel_calls']}), {ops['host_reads']} host reads "
           "(goal: <= 10 launches, 0 host reads)", flush=True)
+    graph_ops = count_plan_ops(padded=2)
+    print(f"the same step as a decode CUDA graph holds it (--ess-cuda-graph; 2 of {graph_ops['shape']['batch']} rows "
+          f"padding, padded=True): {graph_ops['ops']} ATen ops, ~{graph_ops['launch_estimate_cuda']} launches recorded "
+          f"once, {graph_ops['host_reads']} host reads", flush=True)
     path = write_result("store", {
         "config": vars(args), "torch_threads": torch.get_num_threads(),
         "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
@@ -241,6 +245,7 @@ def main(argv=None) -> int:
         "misses_per_request_layer": {m: {"first_step": warm[m][0], "steady": warm[m][1]} for m in WARM_MODES},
         "warmup_ms_per_layer": {m: warm[m][2] for m in WARM_MODES if m != "none"},
         "device_path_ops_per_layer_step": ops,
+        "graph_path_ops_per_layer_step": {**graph_ops, "padding_rows": 2},
     })
     print(f"wrote {path}")
     return 0

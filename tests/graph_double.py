@@ -29,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from tests.stream_doubles import LateStreams
+from tests.stream_doubles import FakeEvent, LateStreams
 
 aten = torch.ops.aten
 
@@ -173,14 +173,34 @@ class _Recorder(TorchDispatchMode):
         return res
 
 
+class _CheckedEvent(FakeEvent):
+    """An event the host may not query or wait for while a capture runs (the capture would be
+    invalidated, or the host would wait on work that never runs until a replay)."""
+
+    def query(self) -> bool:
+        if self.rt.capturing:
+            raise GraphCaptureError("an event queried by the host during capture")
+        return super().query()
+
+    def synchronize(self) -> None:
+        if self.rt.capturing:
+            raise GraphCaptureError("the host waits for an event during capture")
+        super().synchronize()
+
+
 class CaptureStreams(LateStreams):
     """LateStreams (side streams completing work late and out of order) that also enforce a CUDA
     capture's stream rules while `Graph.capture` runs: a side stream takes part only after it
     waited on the capturing (compute) stream; work on a stream that did not is refused (it would run
-    outside the graph); a captured stream may wait only on events recorded inside the capture; and
-    the capture may not end while a forked stream still holds work (unjoined). The double cannot
+    outside the graph); a captured stream may wait only on events recorded inside the capture; the
+    host may not query or wait for an event; and the capture may not end while a forked stream
+    still holds work (unjoined). Not modelled: `record_stream` / allocator lifetimes (`keep_alive`
+    is a no-op and every captured tensor is kept alive) and host-to-device copies (on CPU a
+    `.to(device)` is no op at all). The double cannot
     model side work left from before the capture running beside it, so a capture also refuses to
     begin while any is pending (ESS orders it before the capture: LatentStore.graph_boundary)."""
+
+    event_class = _CheckedEvent
 
     def __init__(self, seed: int = 0):
         super().__init__(seed)
@@ -212,6 +232,7 @@ class CaptureStreams(LateStreams):
 
     def record(self, stream):
         ev = super().record(stream)
+        ev.rt = self
         if self.capturing and self._in_capture(stream):
             self.inside[id(ev)] = ev
         return ev

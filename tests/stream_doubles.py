@@ -45,6 +45,7 @@ class FakeStream:
 
 class LateStreams:
     requires_cuda = False
+    event_class = FakeEvent
 
     def __init__(self, seed: int = 0):
         self.compute = FakeStream("compute")
@@ -66,7 +67,7 @@ class LateStreams:
         self.wait_event(waiter, self.record(waitee))
 
     def record(self, stream: FakeStream) -> FakeEvent:
-        ev = FakeEvent()
+        ev = self.event_class()
         if stream is self.compute:
             ev.finished = True
         else:
@@ -181,7 +182,7 @@ class LaggedStreams(LateStreams):
     def record(self, stream):
         if stream is not self.compute:
             return super().record(stream)
-        ev = FakeEvent()
+        ev = self.event_class()
         self._compute_events.append(ev)
         if len(self._compute_events) > self.lag:
             self._compute_events.pop(0).finished = True

@@ -69,11 +69,28 @@ def test_sglang_decode_graph_seams_the_cuda_path_relies_on():
 
     from sgl_ess.integration.sglang.backends.cuda_backend import backend_class
 
+    from sglang.srt.environ import EnvBool
+
+    from sgl_ess.integration.sglang.launcher.launcher_defaults import ENV_TRUE
+
     assert _params(AttentionBackend.init_forward_metadata_out_graph)[1:] == ["forward_batch", "in_capture"]
     assert callable(AttentionBackend.on_after_cuda_graph_warmup)
-    assert "post_warmup_hook" in _params(FullCudaGraphBackend.capture_one)
-    for name in ("init_forward_metadata_out_graph", "on_after_cuda_graph_warmup"):
-        assert name in backend_class().__dict__, name
+    for base in backend_class().__mro__[1:]:        # our overrides replace SGLang's, which take no other path
+        if "init_forward_metadata_out_graph" in base.__dict__:
+            assert _params(base.init_forward_metadata_out_graph)[1:] == ["forward_batch", "in_capture"], base
+    # the call sites: out_graph(in_capture=True) before the warm-ups and capture of each size, with the
+    # capture batch; the hook after each warm-up; out_graph(view) before each replay
+    src = inspect.getsource(runner.DecodeCudaGraphRunner.capture_one_shape)
+    assert "attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=True)" in src
+    assert "forward_batch=forward_batch" in src and "on_after_cuda_graph_warmup" in src
+    src = inspect.getsource(FullCudaGraphBackend.capture_one)
+    assert "post_warmup_hook()" in src and "for warmup_step in range(2)" in src
+    assert "attn_backend.init_forward_metadata_out_graph(fb_view)" in inspect.getsource(
+        runner.DecodeCudaGraphRunner._init_replay_attn_metadata_from_view)
+    # the launcher reads SGLANG_ENABLE_METADATA_GLUE_GRAPH as SGLang does
+    parse = EnvBool.parse.__get__(object.__new__(EnvBool))
+    for v in ("true", "1", "yes", "y", "TRUE", "Y", "false", "0", "no", "n"):
+        assert parse(v) == (v.lower() in ENV_TRUE), v
     assert {"forward_batch", "bs", "raw_bs"} <= set(_params(runner.build_replay_fb_view))
     src = inspect.getsource(runner.build_replay_fb_view)
     assert "num_padding=bs - raw_bs" in src and "req_pool_indices=buffers.req_pool_indices[:bs]" in src

@@ -33,14 +33,17 @@ LAYERS, CHUNK, BS = 2, 16, 4
 BF16_ULP = 2.0 ** -8
 
 
-@pytest.fixture(params=["flashmla_kv", "flashmla_sparse"])
+@pytest.fixture(params=[("flashmla_kv", "da"), ("flashmla_sparse", "da"), ("flashmla_kv", "none")],
+                ids=["flashmla_kv-da", "flashmla_sparse-da", "flashmla_kv-none"])
 def graph_fakes(request, ess_env, monkeypatch):
-    """make() -> (backend, runner, streams): a CUDA backend class on its own pools and store, any number."""
+    """make() -> (backend, runner, streams): a CUDA backend class on its own pools and store, any number.
+    Overlap level da: the indexer's hand-off plans each layer (early plans); none: attention does."""
     from sglang.srt.model_executor import forward_context
     from sglang.srt.runtime_context import get_parallel
 
-    ess_env(hot_slots_per_request=24, cuda_graph=True)
-    _, ov = install_gpu_fakes(monkeypatch, decode_impl=request.param)
+    decode_impl, level = request.param
+    ess_env(hot_slots_per_request=24, cuda_graph=True, prefetch_overlap_level=level)
+    _, ov = install_gpu_fakes(monkeypatch, decode_impl=decode_impl)
     monkeypatch.setattr(flashtrans, "copy_rows_torch", copy_rows_static)   # FlashTrans with static shapes
     current = {}
     monkeypatch.setattr(forward_context, "get_attn_backend", lambda: current["backend"])
@@ -135,8 +138,9 @@ class CapturedStep:
         if init_state:                                  # once per runner, at the largest size
             b.init_cuda_graph_state(self.bs, self.bs)
         b.init_forward_metadata_out_graph(self.fb, in_capture=True)
-        self.forward()                                  # SGLang's warm-up run (eager, padding rows only)
-        b.on_after_cuda_graph_warmup()
+        for _ in range(2):                              # SGLang's two warm-up runs (eager, padding rows only)
+            self.forward()
+            b.on_after_cuda_graph_warmup()
         self.outs = graph.capture(self.forward)
 
     def load(self, rows, seq, gen):
@@ -175,6 +179,11 @@ def test_gpu_fake_a_captured_decode_step_replays_exactly_as_requests_come_and_go
     _start(backend, runner, [1, 2, 3], list(prompts.values()), gen)
     seq = {r: p + 1 for r, p in prompts.items()}
     _eager_step(backend, runner, [1, 2, 3], [seq[r] for r in (1, 2, 3)], gen)
+    ess = backend.ess
+
+    def plans():
+        return ess.plans_early + ess.plans_late, ess.store.engine.tiers.data["immediate"]["plans"]
+    plans_before = plans()
     # two captured sizes, as SGLang captures several (largest first); each replays the batches it fits
     big, small = CapturedStep(backend, runner, 4), CapturedStep(backend, runner, 2)
     graphs = {id(big): Graph(rt), id(small): Graph(rt)}
@@ -212,6 +221,10 @@ def test_gpu_fake_a_captured_decode_step_replays_exactly_as_requests_come_and_go
     replay([2, 3])
     usage = backend.ess.path_usage()
     assert usage["graph_captures"] == 2 and usage["graph_replays"] == 5 and usage["graph_rows"] == 3 + 3 + 2 + 3 + 2
+    # host counters: one plan per layer per step that ran - 2 warm-ups x 2 sizes, 5 replays (counted by the
+    # replay hook: no Python of ours ran), 1 eager step; the captures' own runs moved no device and are not counted
+    ran = (2 * 2 + 5 + 1) * LAYERS
+    assert plans() == (plans_before[0] + ran, plans_before[1] + ran), (plans(), plans_before, ran)
 
 
 def test_gpu_fake_the_eager_decode_path_is_not_graph_safe(graph_fake):
@@ -294,3 +307,24 @@ def test_gpu_fake_graph_replays_leave_the_store_as_eager_steps_do(graph_fakes):
     assert torch.equal(sg.counters.step_counts, se.counters.step_counts)
     assert torch.equal(sg.counters.hits, se.counters.hits) and torch.equal(sg.counters.misses, se.counters.misses)
     assert int(sg.counters.layer_misses.sum()) > 0 and int(sg.counters.layer_hits.sum()) > 0
+
+
+def test_gpu_fake_without_ordering_eager_work_before_a_replay_it_reads_wrong_rows(graph_fake):
+    """Why the replay hook joins the side streams before every replay: a request prefilled between two
+    replays has its warm rows still queued on a side stream, and the graph reads its hot buffer first."""
+    backend, runner, rt = graph_fake
+    gen = torch.Generator().manual_seed(33)
+    _start(backend, runner, [1, 2], [110, 90], gen)
+    step = CapturedStep(backend, runner)
+    graph = Graph(rt)
+    step.capture(graph)
+    step.load([1, 2], [111, 91], gen)
+    graph.replay()
+    step.check([1, 2])
+    backend.ess.close_rows([2])
+    _start(backend, runner, [2], [70], gen, first_loc=fr.PAGE + 2048)
+    backend.ess.store.graph_boundary = lambda: None      # the hook orders nothing now
+    step.load([1, 2], [112, 71], gen)
+    graph.replay()
+    with pytest.raises(AssertionError, match="from the reference"):
+        step.check([1, 2])

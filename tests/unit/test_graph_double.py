@@ -91,3 +91,11 @@ def test_stream_rules_fork_join_isolation():
     rt4.launch(rt4.stream("high"), lambda: None)
     with pytest.raises(GraphCaptureError, match="pending"):
         Graph(rt4).capture(lambda: None)
+    rt5 = CaptureStreams()
+    s5 = rt5.stream("high")
+
+    def queried():
+        rt5.wait_stream(s5, rt5.compute)
+        rt5.record(s5).query()
+    with pytest.raises(GraphCaptureError, match="queried"):
+        Graph(rt5).capture(queried)

@@ -79,6 +79,15 @@ def test_decode_graphs_with_ess_need_the_ess_flag():
     assert not ld.has_flag(out, "--cuda-graph-backend-decode")              # SGLang's default: captured
     assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
     assert not ld.has_flag(ld.cuda_ess_defaults(["--disable-cuda-graph"]), "--cuda-graph-backend-decode")
+    # SGLang's per-phase flags override --disable-cuda-graph: they are checked with it too
+    with pytest.raises(PreflightError, match="needs --ess-cuda-graph true"):
+        ld.cuda_ess_defaults(["--disable-cuda-graph", "--cuda-graph-backend-decode", "full"])
+    with pytest.raises(PreflightError, match="ESS prefill is not captured"):
+        ld.cuda_ess_defaults(["--disable-cuda-graph", "--cuda-graph-backend-prefill", "full"])
+    # whole steps only: a breakable or piecewise decode graph runs attention outside the graph
+    for backend in ("breakable", "tc_piecewise"):
+        with pytest.raises(PreflightError, match="captured whole"):
+            ld.cuda_ess_defaults(["--cuda-graph-backend-decode", backend], graphs=True)
     with pytest.raises(PreflightError, match="cannot tell which phases"):
         ld.cuda_ess_defaults(["--cuda-graph-config", '{"decode": {"backend": "full"}}'], graphs=True)
     with pytest.raises(PreflightError, match="ESS prefill is not captured"):
@@ -93,6 +102,11 @@ def test_decode_graphs_with_ess_need_the_ess_flag():
     ([], {"share_host_pool": "on"}, {}, "--ess-share-host-pool on"),
     ([], {"tp_split_fetch": "true"}, {}, "--ess-tp-split-fetch"),
     ([], {}, {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1"}, "SGLANG_ENABLE_METADATA_GLUE_GRAPH"),
+    ([], {}, {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "y"}, "SGLANG_ENABLE_METADATA_GLUE_GRAPH"),
+    (["--debug-cuda-graph"], {}, {}, "--debug-cuda-graph"),
+    (["--enable-torch-compile"], {}, {}, "--enable-torch-compile"),
+    (["--dsa-decode-backend", "tilelang"], {}, {}, "only the FlashMLA decode paths"),
+    ([], {"trace_file": "/tmp/t.jsonl"}, {}, "--ess-trace-file"),
 ])
 def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, flags, env, why):
     monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
@@ -107,6 +121,9 @@ def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, fla
     assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
     out, _ = ld.fill_defaults([], _cfg(cuda_graph="true"), has_cuda=False)   # no CUDA: ignored
     assert not ld.has_flag(out, "--cuda-graph-backend-decode")
+    # decode graphs turned off by a flag: --ess-cuda-graph has no effect, nothing is refused for it
+    for off in (["--cuda-graph-backend-decode", "disabled"], ["--disable-cuda-graph"]):
+        out, _ = ld.fill_defaults([*off, *argv], _cfg(cuda_graph="true", **flags), has_cuda=True)
 
 
 def test_an_explicit_pool_larger_than_host_memory_stops_the_launch(monkeypatch):

@@ -107,14 +107,15 @@ def backend_class():
             if self._forward is None:
                 return
             if in_capture:
+                self.ess.graph_capture_batch(int(forward_batch.batch_size))
                 self._forward.graph_batches.add(forward_batch)
             else:
-                n_real, rows = replay_rows(forward_batch, self.ess.has_pending())
-                self.ess.graph_replay(rows, n_real)
+                size, n_real, rows = replay_rows(forward_batch, self.ess.has_pending())
+                self.ess.graph_replay(rows, size, n_real)
 
         def on_after_cuda_graph_warmup(self):
-            """Between SGLang's warm-up runs of a capture batch and its capture: nothing eager is left for
-            the capture to wait on."""
+            """After each of SGLang's two warm-up runs of a capture batch (its capture comes after the
+            second): nothing eager is left for the capture to wait on."""
             super().on_after_cuda_graph_warmup()
             if self.ess is not None:
                 self.ess.graph_capture()

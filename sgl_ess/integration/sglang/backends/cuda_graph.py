@@ -31,12 +31,13 @@ def graph_rows(forward_batch) -> torch.Tensor:
     return torch.where(loc != 0, forward_batch.req_pool_indices.to(torch.int64), -1)
 
 
-def replay_rows(fb_view, pending: bool) -> tuple[int, list[int] | None]:
-    """(real rows, their request rows or None) of a replay's batch view (SGLang's
+def replay_rows(fb_view, pending: bool) -> tuple[int, int, list[int] | None]:
+    """(captured size, real rows, their request rows or None) of a replay's batch view (SGLang's
     build_replay_fb_view: the padded static buffers, ``num_padding`` of them padding). The request
     rows are read back only when `pending` (a PD decode node has rows waiting to open)."""
-    n = int(fb_view.batch_size) - int(getattr(fb_view, "num_padding", 0) or 0)
-    return n, (fb_view.req_pool_indices[:n].tolist() if pending else None)
+    size = int(fb_view.batch_size)
+    n = size - int(getattr(fb_view, "num_padding", 0) or 0)
+    return size, n, (fb_view.req_pool_indices[:n].tolist() if pending else None)
 
 
 class GraphBatches:

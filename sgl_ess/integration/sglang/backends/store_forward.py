@@ -111,6 +111,7 @@ class StoreForward:
         open the hot buffers of rows that start running in it (a PD decode node's transferred
         requests, pool_adapter.open_pending)."""
         self._layout_of = self._riding_of = None
+        self.ess.end_capture()                   # an eager forward: a decode graph's capture is over
         if self.ess.has_pending():
             n = real_rows(forward_batch).n_req
             self.ess.open_pending(forward_batch.req_pool_indices[:n].tolist())

@@ -87,7 +87,7 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
         out += ["--attention-backend", "dsa" if has_cuda else "ess"]
     if has_cuda and cfg.enabled:
         out = cuda_ess_defaults(out, graphs=cfg.cuda_graph)
-        if cfg.cuda_graph:
+        if cfg.cuda_graph and decode_graphs_on(out):
             check_cuda_graph(out, cfg, os.environ)
     elif cfg.cuda_graph and cfg.enabled:
         logger.info("--ess-cuda-graph: no CUDA here, nothing to capture (ignored)")
@@ -218,12 +218,17 @@ def dp_balance_default(argv: list[str], ess_on: bool) -> list[str]:
     return [*argv, "--load-balance-method", "total_tokens"]
 
 
+ENV_TRUE = ("true", "1", "yes", "y")     # SGLang's EnvBool (srt/environ.py); the contract test checks it
+GRAPH_DECODE_BACKENDS = ("full", "disabled")   # what --ess-cuda-graph captures: whole steps, or none
+
+
 def cuda_ess_defaults(argv: list[str], graphs: bool = False) -> list[str]:
     """ESS on a GPU: FP8 656-byte rows decoded by FlashMLA over the slot table, 64-token pages, and
     CUDA graphs off in SGLang 0.5.23's spelling, ``--cuda-graph-backend-{decode,prefill} disabled`` (it
-    deprecates ``--disable-cuda-graph``). `graphs` (--ess-cuda-graph): decode graphs are SGLang's to
-    choose (prefill graphs stay off). Without it a decode graph flag of the user's is refused: the
-    eager ESS step reads the batch's padding on the host, which a capture cannot do."""
+    deprecates ``--disable-cuda-graph``, and its per-phase flags override that one). `graphs`
+    (--ess-cuda-graph): decode graphs are SGLang's to choose, whole steps only (``full``); prefill
+    graphs stay off. Without it a decode graph flag of the user's is refused: the eager ESS step reads
+    the batch's padding on the host, which a capture would freeze."""
     out = list(argv)
     if not has_flag(out, "--kv-cache-dtype"):
         out += ["--kv-cache-dtype", "fp8_e4m3"]
@@ -231,38 +236,62 @@ def cuda_ess_defaults(argv: list[str], graphs: bool = False) -> list[str]:
         out += ["--dsa-decode-backend", "flashmla_kv"]
     if not has_flag(out, "--page-size"):
         out += ["--page-size", str(DSA_PAGE_SIZE)]
-    if has_flag(out, "--disable-cuda-graph"):
-        return out
     if has_flag(out, "--cuda-graph-config"):
         raise PreflightError("--cuda-graph-config with ESS on CUDA: sgl-ess cannot tell which phases it captures; "
                              "use --cuda-graph-backend-decode with --ess-cuda-graph true (decode graphs), or drop it")
+    legacy_off = has_flag(out, "--disable-cuda-graph")
     prefill = flag_value(out, "--cuda-graph-backend-prefill")
     if prefill not in (None, "disabled"):
         raise PreflightError(f"--cuda-graph-backend-prefill {prefill} with ESS on CUDA: ESS prefill is not captured "
                              "(only decode steps are, with --ess-cuda-graph true); drop the flag")
-    if prefill is None:
+    if prefill is None and not legacy_off:
         out += ["--cuda-graph-backend-prefill", "disabled"]
     decode = flag_value(out, "--cuda-graph-backend-decode")
-    if graphs:
+    if not graphs:
+        if decode not in (None, "disabled"):
+            raise PreflightError(f"--cuda-graph-backend-decode {decode} with ESS on CUDA needs --ess-cuda-graph true "
+                                 "(decode graphs with ESS, never yet run on a GPU); or drop the flag to run eager")
+        if decode is None and not legacy_off:
+            out += ["--cuda-graph-backend-decode", "disabled"]
+        return out
+    if decode not in (None, *GRAPH_DECODE_BACKENDS):
+        raise PreflightError(f"--cuda-graph-backend-decode {decode} with --ess-cuda-graph: ESS decode steps are "
+                             "captured whole (full); a breakable or piecewise graph runs attention outside the "
+                             "graph while the indexer's fetch forks streams inside it. Use full, or drop the flag")
+    if decode_graphs_on(out):
         logger.warning("--ess-cuda-graph: SGLang captures ESS decode steps in CUDA graphs; this has been checked on "
                        "CPU by a graph double only, never captured on a GPU (drop the flag to run eager)")
-    elif decode not in (None, "disabled"):
-        raise PreflightError(f"--cuda-graph-backend-decode {decode} with ESS on CUDA needs --ess-cuda-graph true "
-                             "(decode graphs with ESS, never yet run on a GPU); or drop the flag to run eager")
-    elif decode is None:
-        out += ["--cuda-graph-backend-decode", "disabled"]
+    else:
+        logger.info("--ess-cuda-graph has no effect: decode CUDA graphs are disabled (%s)",
+                    "--cuda-graph-backend-decode disabled" if decode else "--disable-cuda-graph")
     return out
 
 
+def decode_graphs_on(argv: list[str]) -> bool:
+    """SGLang will capture decode graphs: its per-phase flag says so, or neither it nor the legacy
+    --disable-cuda-graph turns them off (SGLang's default)."""
+    decode = flag_value(argv, "--cuda-graph-backend-decode")
+    return decode not in (None, "disabled") or (decode is None and not has_flag(argv, "--disable-cuda-graph"))
+
+
 def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
-    """--ess-cuda-graph: refuse what a replayed graph cannot hold - options whose per-step state lives on
-    the host (pools/pool_adapter._check_graph_mode checks the store again) and SGLang modes whose
-    graphs ESS does not capture."""
+    """--ess-cuda-graph with decode graphs on: refuse what a replayed graph cannot hold - options whose
+    per-step state lives on the host (pools/pool_adapter._check_graph_mode checks the store again) and
+    SGLang modes whose graphs ESS does not capture."""
     why = []
     if flag_value(argv, "--speculative-algorithm") not in (None, "", "NONE", "none"):
         why.append("MTP (--speculative-algorithm): the draft and verify steps are not captured with ESS")
     if has_flag(argv, "--enable-two-batch-overlap"):
         why.append("--enable-two-batch-overlap: TBO children are not captured with ESS")
+    if has_flag(argv, "--debug-cuda-graph"):
+        why.append("--debug-cuda-graph: it needs SGLang's breakable graphs, which run attention outside the graph")
+    if has_flag(argv, "--enable-torch-compile"):
+        why.append("--enable-torch-compile: the compiler would trace the store's Python (not tested)")
+    dsa_decode = flag_value(argv, "--dsa-decode-backend")
+    if dsa_decode not in ("flashmla_kv", "flashmla_sparse"):
+        why.append(f"--dsa-decode-backend {dsa_decode or '(unset: SGLang chooses)'}: only the FlashMLA decode paths "
+                   "(flashmla_kv, flashmla_sparse) are captured; the Triton decode's split attention is checked eager "
+                   "only")
     if cfg.prefetch_engine not in ("auto", "stream"):
         why.append(f"--ess-prefetch-engine {cfg.prefetch_engine}: a graph is ordered by the stream engine's "
                    "streams (use stream or auto)")
@@ -272,7 +301,9 @@ def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
         why.append("--ess-share-host-pool on: its per-forward lockstep check runs on the host")
     if cfg.tp_split_fetch:
         why.append("--ess-tp-split-fetch: its exchange is planned on the host each step")
-    if str(environ.get("SGLANG_ENABLE_METADATA_GLUE_GRAPH", "")).lower() in ("1", "true", "yes", "on"):
+    if cfg.trace_file:
+        why.append("--ess-trace-file: it copies every plan's top-k to the host")
+    if str(environ.get("SGLANG_ENABLE_METADATA_GLUE_GRAPH", "")).lower() in ENV_TRUE:
         why.append("SGLANG_ENABLE_METADATA_GLUE_GRAPH: a glued replay skips the hook that orders ESS's eager work "
                    "before the graph")
     if why:

@@ -33,6 +33,8 @@ from sgl_ess.attention.overlap import OverlapProfile, decode_layer, layer_mode, 
 from sgl_ess.config import EssConfig
 from sgl_ess.core.hot_slots import hot_slots_rule
 
+from .graph_steps import GraphSteps
+
 logger = logging.getLogger(__name__)
 
 
@@ -156,8 +158,8 @@ class EssPoolAdapter:
         self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
         self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
         # --ess-cuda-graph: SGLang may capture decode steps (backends/cuda_graph.py); ignored without CUDA
-        self.graph_captures = self.graph_replays = 0
-        self.graph_rows = 0       # real request rows over all replays (padding rows not counted)
+        self.graphs = GraphSteps()
+        self._usage_cache: dict | None = None
         if cfg.cuda_graph and self.store.device.type == "cuda":
             self._check_graph_mode()
         if self.store.engine.synchronous and self.level != "none":
@@ -179,7 +181,8 @@ class EssPoolAdapter:
                                f"auto), not {engine.name!r}")
         host_side = {"--ess-speculative-prefetch": cfg.speculative_prefetch != "off",
                      "--ess-share-host-pool on": self.share is not None,
-                     "--ess-tp-split-fetch": cfg.tp_split_fetch}
+                     "--ess-tp-split-fetch": cfg.tp_split_fetch,
+                     "--ess-trace-file": bool(cfg.trace_file)}
         for flag, on in host_side.items():
             if on:
                 raise RuntimeError(f"--ess-cuda-graph with {flag}: its per-step state lives on the host, which a "
@@ -303,29 +306,66 @@ class EssPoolAdapter:
                 self.store.graph_boundary()     # a captured step ends with its side-stream work joined
             return out
 
-    # --- decode CUDA graphs (cuda_graph.py) ---------------------------------------------
+    # --- decode CUDA graphs (cuda_graph.py, graph_steps.py) -----------------------------
+    def graph_capture_batch(self, size: int) -> None:
+        """SGLang starts the warm-ups and capture of a decode graph of `size` rows. Checked here as
+        well as at launch: SGLang can turn decode graphs on by itself (a PD role switch)."""
+        with self._lock:
+            self._end_capture()
+            if self.store.device.type == "cuda":
+                self._check_graph_mode()
+            self.graphs.begin_capture(size)
+
     def graph_capture(self) -> None:
-        """Before SGLang captures a decode graph (after its warm-up runs): order everything eager
-        before the capture, keep no ticket the capture could wait on."""
+        """After each of SGLang's warm-up runs of a capture batch (the capture may come next): order
+        everything eager before it, keep no ticket the capture could wait on."""
         with self._lock:
             for layer in list(self._early):
                 self._discard_early(layer)     # a warm-up run's plans (padding rows only: nothing moves)
             self.store.graph_boundary()
-            self.graph_captures += 1
+            self.graphs.before_capture(self._host_counts())
 
-    def graph_replay(self, rows: list[int] | None, n_real: int) -> None:
-        """Before SGLang replays a decode graph of `n_real` real request rows (`rows`: their request
-        rows, read only when a PD decode node has rows waiting to open): open those hot buffers,
-        order pending eager work (zeroing of released rows, prefill warmups, commits) before the
-        graph, and count what the replay does that no Python sees (its host writes, its rows)."""
+    def graph_replay(self, rows: list[int] | None, size: int, n_real: int) -> None:
+        """Before SGLang replays the decode graph of `size` rows with `n_real` real ones (`rows`: their
+        request rows, read only when a PD decode node has rows waiting to open): open those hot
+        buffers, order pending eager work (zeroing of released rows, prefill warmups, commits)
+        before the graph, and count what the replay does that no Python sees."""
         if rows is not None and self.has_pending():
             self.open_pending(rows)
         with self._lock:
+            self._end_capture()
             self.store.graph_boundary()
-            self.graph_replays += 1
-            self.graph_rows += n_real
+            self._add_counts(self.graphs.replay(size, n_real))
         for layer in range(self.layers):
             self.note_host_write(layer, n_real)
+
+    def end_capture(self) -> None:
+        """An eager forward: any capture's run is over."""
+        if self.graphs.capturing:
+            with self._lock:
+                self._end_capture()
+
+    def _end_capture(self) -> None:
+        before = self.graphs.close(self._host_counts())
+        if before is not None:                 # the capture's run moved no device: its counts go
+            self._set_counts(before)
+
+    def _host_counts(self) -> dict:
+        tiers = self.store.engine.tiers.data
+        return {"plans_early": self.plans_early, "plans_late": self.plans_late,
+                "tiers": {t: tiers[t]["plans"] for t in tiers}}
+
+    def _set_counts(self, c: dict) -> None:
+        self.plans_early, self.plans_late = c["plans_early"], c["plans_late"]
+        for t, n in c["tiers"].items():
+            self.store.engine.tiers.data[t]["plans"] = n
+
+    def _add_counts(self, delta: dict) -> None:
+        if delta:
+            now = self._host_counts()
+            self._set_counts({"plans_early": now["plans_early"] + delta["plans_early"],
+                              "plans_late": now["plans_late"] + delta["plans_late"],
+                              "tiers": {t: n + delta["tiers"].get(t, 0) for t, n in now["tiers"].items()}})
 
     def latent_layout(self):
         """The rows' LatentLayout (for the Triton decode kernel and the torch reference)."""
@@ -436,9 +476,7 @@ class EssPoolAdapter:
         out = {}
         if getattr(self, "mixed_decode_rows", 0):
             out["mixed_decode_rows"] = self.mixed_decode_rows
-        if self.graph_captures:
-            out.update(graph_captures=self.graph_captures, graph_replays=self.graph_replays,
-                       graph_rows=self.graph_rows)
+        out.update(self.graphs.usage())
         if getattr(self, "_mtp_rows", None) is None:
             return out
         return {**out, "mtp_steps": self.mtp_steps, "mtp_rows_admitted": self._mtp_rows.rows_admitted,
@@ -553,7 +591,10 @@ class EssPoolAdapter:
         """A snapshot of the store (taken under the adapter's lock: the metrics thread calls this
         while the scheduler thread plans and commits)."""
         with self._lock:
-            return self._usage()
+            if self.graphs.capturing and self._usage_cache is not None:
+                return self._usage_cache       # no device read while SGLang may be capturing a graph
+            self._usage_cache = self._usage()
+            return self._usage_cache
 
     def _usage(self) -> dict:
         # SGLang's allocator hands out the host locations: its used size is the host usage.

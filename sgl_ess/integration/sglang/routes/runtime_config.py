@@ -33,6 +33,9 @@ class _LevelHandler:
             raise UpdateRejected(f"{key}: ESS is off on this server (--ess-enabled false)")
         if not isinstance(value, (int, float)) or int(value) != value or not 0 <= int(value) < len(LEVELS):
             raise UpdateRejected(f"{key}: got {value!r}; expected an index into {list(LEVELS)}")
+        if any(a.graphs.captures for a in lifecycle.all_adapters()):
+            raise UpdateRejected(f"{key}: the overlap level is fixed in the decode CUDA graphs this server captured "
+                                 "(--ess-cuda-graph); restart with --ess-prefetch-overlap-level to change it")
 
     def apply(self, key: str, value: Any):
         for adapter in lifecycle.all_adapters():

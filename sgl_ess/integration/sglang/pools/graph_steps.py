@@ -1,0 +1,60 @@
+"""Host-side bookkeeping of decode CUDA graphs (--ess-cuda-graph; backends/cuda_graph.py): what a
+replayed graph does that no Python of ours sees, counted before each replay.
+
+A capture runs our Python once (SGLang's two eager warm-ups before it run it too, on padding rows
+only). The host counters it moved (plans early / late, plans per engine tier) describe one step of
+that captured size, and no device ran them at capture: `close` takes them back out and keeps them
+per captured size, and every replay of that size adds them again. The capture's Python ends
+unannounced (SGLang calls no hook after it), so it is closed at the next hook: the next size's
+capture, a replay, or an eager forward. While a capture may be running (`capturing`), readers of
+device values from other threads (the metrics thread's `usage()`) must not touch the device: a
+read during a global-mode capture invalidates it.
+"""
+
+from __future__ import annotations
+
+
+class GraphSteps:
+    def __init__(self):
+        self.captures = self.replays = 0
+        self.rows = 0                        # real request rows over all replays
+        self.capturing = False
+        self._size: int | None = None        # the size SGLang is capturing now
+        self._open = None                    # (size, counts before the capture's run)
+        self._per_size: dict[int, dict] = {}  # size -> what one replay of it counts
+
+    def begin_capture(self, size: int) -> None:
+        """SGLang starts the warm-ups and capture of one size."""
+        self.captures += 1
+        self._size = size
+        self.capturing = True
+
+    def before_capture(self, counts: dict) -> None:
+        """After a warm-up (SGLang runs two): the capture's run may come next; `counts` now."""
+        self._open = (self._size, counts)
+
+    def close(self, counts: dict) -> dict | None:
+        """The capture's run is over (`counts` now): return the counts to put back (what they were
+        before it) and keep its deltas for its size; None if no capture was open."""
+        self.capturing = False
+        if self._open is None:
+            return None
+        size, before = self._open
+        self._open = None
+        self._per_size[size] = _minus(counts, before)
+        return before
+
+    def replay(self, size: int, n_real: int) -> dict:
+        """One replay of `size` rows, `n_real` of them real: the counts to add."""
+        self.replays += 1
+        self.rows += n_real
+        return self._per_size.get(size, {})
+
+    def usage(self) -> dict:
+        if not self.captures:
+            return {}
+        return {"graph_captures": self.captures, "graph_replays": self.replays, "graph_rows": self.rows}
+
+
+def _minus(a: dict, b: dict) -> dict:
+    return {k: _minus(v, b[k]) if isinstance(v, dict) else v - b[k] for k, v in a.items()}

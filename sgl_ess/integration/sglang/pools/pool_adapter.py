@@ -592,9 +592,9 @@ class EssPoolAdapter:
         while the scheduler thread plans and commits)."""
         with self._lock:
             if self.graphs.capturing and self._usage_cache is not None:
-                return self._usage_cache       # no device read while SGLang may be capturing a graph
+                return dict(self._usage_cache)   # no device read while SGLang may be capturing a graph
             self._usage_cache = self._usage()
-            return self._usage_cache
+            return dict(self._usage_cache)
 
     def _usage(self) -> dict:
         # SGLang's allocator hands out the host locations: its used size is the host usage.

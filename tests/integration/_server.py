@@ -57,9 +57,35 @@ def _bindable(port: int) -> bool:
     return True
 
 
+# Ports are handed out below the kernel's ephemeral range, so no socket bound to port 0 (a transfer
+# engine's data listener, a client's connection) can take one in the minute before its server binds
+# it - a PD prefill server once failed with "address already in use" that way in a full run - and
+# above SGLang's own below-ephemeral picks (its NCCL port: 22000-29999). Within this process a port
+# and its neighbours are handed out once.
+PORT_BAND = (30000, 32768)
+_given: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
     """A free 127.0.0.1 port whose SGLang-derived neighbours (see _DERIVED) are free as well."""
-    for _ in range(200):
+    import random
+
+    hi = min(PORT_BAND[1], _ephemeral_low()) - max(_DERIVED)
+    candidates = range(PORT_BAND[0], hi) if hi > PORT_BAND[0] else range(0)
+    for port in random.sample(candidates, min(400, len(candidates))):
+        block = {port, *(port + d for d in _DERIVED)}
+        if not block & _given and all(_bindable(p) for p in block):
+            _given.update(block)
+            return port
+    for _ in range(200):                     # no room below the ephemeral range here: any free port
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

@@ -51,6 +51,3 @@ class GraphBatches:
 
     def __contains__(self, forward_batch) -> bool:
         return self._batches.get(id(forward_batch)) is forward_batch
-
-    def __len__(self) -> int:
-        return len(self._batches)

@@ -271,23 +271,17 @@ class StoreForward:
             raise RuntimeError("ESS decode CUDA graphs: only the target model's decode without Two-Batch Overlap "
                                "is captured (the launcher refuses MTP and TBO with --ess-cuda-graph)")
         reqs = graph_rows(forward_batch)
-        seq_lens = forward_batch.seq_lens
-        loc = forward_batch.out_cache_loc[:reqs.shape[0]]
-        q3 = q.reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
-        if layer.layer_id == 0:
-            check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode (graph)", sync=self.ess.validate,
-                                  padded=True)
-        out = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
-                              self.kernels.newest(layer, loc), self.r2t,
-                              lambda qq, rows, slots: self.kernels.slots(qq, layer, rows, slots),
-                              single_call=self.kernels.single_call, padded=True)
-        out = out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+        out = self._decode(q, layer, forward_batch, topk, reqs.shape[0], graph_reqs=reqs)
         return out.masked_fill((reqs < 0).unsqueeze(1), 0)
 
-    def _decode(self, q, layer, forward_batch, topk, b_real: int) -> torch.Tensor:
+    def _decode(self, q, layer, forward_batch, topk, b_real: int, graph_reqs: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """The first `b_real` rows of a decode batch; `graph_reqs` (a decode graph's batch): its request
+        rows, padding rows -1 (cuda_graph.graph_rows), handed to the store as they are."""
+        padded = graph_reqs is not None
+        reqs = graph_reqs if padded else forward_batch.req_pool_indices[:b_real].long()
         loc = forward_batch.out_cache_loc[:b_real]
         seq_lens = forward_batch.seq_lens[:b_real]
-        reqs = forward_batch.req_pool_indices[:b_real].long()
         q3 = q.reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
         attend = lambda qq, rows, slots: self.kernels.slots(qq, layer, rows, slots)  # noqa: E731
         b = self.backend
@@ -301,12 +295,13 @@ class StoreForward:
                                             single_call=self.kernels.single_call)
             return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if layer.layer_id == 0:         # the newest row decode admits is the one just written
-            check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode", sync=self.ess.validate)
+            check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "decode", sync=self.ess.validate,
+                                  padded=padded)
         if b.micro_batch_base and not self.ess.early_parts(layer.layer_id, reqs.numel()):
             # a TBO child at level none (no indexer hand-off): plan now, in this child's ring groups
             self.ess.early_plan(id(forward_batch), layer.layer_id, reqs, seq_lens, topk, self.r2t,
                                 b.micro_batch_base)
         out = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
                               self.kernels.newest(layer, loc), self.r2t, attend,
-                              single_call=self.kernels.single_call)
+                              single_call=self.kernels.single_call, padded=padded)
         return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)

@@ -58,3 +58,8 @@ class GraphSteps:
 
 def _minus(a: dict, b: dict) -> dict:
     return {k: _minus(v, b[k]) if isinstance(v, dict) else v - b[k] for k, v in a.items()}
+
+
+def plus(a: dict, b: dict) -> dict:
+    """`a` with `b`'s counts added (`b` may be {}: a size never captured)."""
+    return {k: plus(v, b.get(k, {})) if isinstance(v, dict) else v + b.get(k, 0) for k, v in a.items()}

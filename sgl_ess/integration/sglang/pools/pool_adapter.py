@@ -33,7 +33,7 @@ from sgl_ess.attention.overlap import OverlapProfile, decode_layer, layer_mode, 
 from sgl_ess.config import EssConfig
 from sgl_ess.core.hot_slots import hot_slots_rule
 
-from .graph_steps import GraphSteps
+from .graph_steps import GraphSteps, plus
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class EssPoolAdapter:
         with self._lock:
             self._end_capture()
             self.store.graph_boundary()
-            self._add_counts(self.graphs.replay(size, n_real))
+            self._set_counts(plus(self._host_counts(), self.graphs.replay(size, n_real)))
         for layer in range(self.layers):
             self.note_host_write(layer, n_real)
 
@@ -360,12 +360,6 @@ class EssPoolAdapter:
         for t, n in c["tiers"].items():
             self.store.engine.tiers.data[t]["plans"] = n
 
-    def _add_counts(self, delta: dict) -> None:
-        if delta:
-            now = self._host_counts()
-            self._set_counts({"plans_early": now["plans_early"] + delta["plans_early"],
-                              "plans_late": now["plans_late"] + delta["plans_late"],
-                              "tiers": {t: n + delta["tiers"].get(t, 0) for t, n in now["tiers"].items()}})
 
     def latent_layout(self):
         """The rows' LatentLayout (for the Triton decode kernel and the torch reference)."""

@@ -52,6 +52,8 @@ def _launch(src, src_idx, dst, dst_idx, count, zero_src: bool) -> None:
     row_bytes = src.shape[1]
     if not (src.is_contiguous() and dst.is_contiguous()):
         raise ValueError("copy_rows_triton: src and dst must be contiguous")
+    if count is not None and (count.numel() != 1 or count.dtype != torch.int64):
+        raise ValueError(f"copy_rows_triton: count must be one int64 value, got {count.dtype}{list(count.shape)}")
     on_cuda = src.is_cuda or dst.is_cuda
     if on_cuda:
         src = src if src.is_cuda else device_view(src)
@@ -59,6 +61,9 @@ def _launch(src, src_idx, dst, dst_idx, count, zero_src: bool) -> None:
         dev = src.device
         src_idx = src_idx.to(dev, non_blocking=True)
         dst_idx = dst_idx.to(dev, non_blocking=True)
+    # the kernel reads entry i at idx_ptr + i: a strided view (SplitFetch's grid[rank], a row of a
+    # transposed view) would hand it other entries. A copy only when the view is strided.
+    src_idx, dst_idx = src_idx.contiguous(), dst_idx.contiguous()
     if row_bytes % 4 == 0 and src.data_ptr() % 4 == 0 and dst.data_ptr() % 4 == 0:
         src_w, dst_w, words = src.view(torch.int32), dst.view(torch.int32), row_bytes // 4
     else:

@@ -90,6 +90,11 @@ def plan_epilogue_triton(slots, miss, hit, tokens, reqs, groups, req_to_host, re
     if redirect.shape[0] < b or redirect.shape[1] != n_slots + 1 or redirect.dtype != torch.int32:
         raise ValueError(f"plan epilogue scratch: expected int32 [>= {b}, {n_slots + 1}], got "
                          f"{redirect.dtype}{list(redirect.shape)}")
+    # written in place by the kernel at ptr + i (a copy would lose the writes): strided views are refused
+    for name, t in (("redirect", redirect), ("hits_row", hits_row), ("misses_row", misses_row),
+                    ("layer_counts", layer_counts)):
+        if not t.is_contiguous():
+            raise ValueError(f"plan_epilogue_triton: {name} must be contiguous (got strides {t.stride()})")
     r2h = req_to_host if req_to_host.stride(1) == 1 else req_to_host.contiguous()
     _plan_epilogue_kernel[(b,)](
         slots.contiguous(), miss.contiguous().view(torch.uint8), hit.contiguous().view(torch.uint8),

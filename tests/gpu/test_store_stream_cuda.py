@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from sgl_ess.kernels.latent_layout import LatentLayout
-from sgl_ess.attention.overlap import decode_layer, plan_layer
+from sgl_ess.attention.overlap import plan_layer
 from sgl_ess.kernels.sparse_mla_triton import sparse_mla_decode_triton
 from sgl_ess.store import LatentStore, RequestTable, StoreConfig
-from tests.unit.kernels.attention_bounds import plan_reference
+from tests.gpu.decode_check import decode_matches_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -31,46 +31,10 @@ def _store():
 
 @pytest.mark.parametrize("mode", ["none", "da", "dba"])
 def test_decode_on_cuda_matches_reference(mode):
-    g = torch.Generator().manual_seed(0)
+    """The body is shared with the CPU run through the stream double (tests/gpu/decode_check.py)."""
     store, tab = _store()
-    ids = list(range(len(CONTEXTS)))
-    lat = {i: [torch.randn(c + STEPS, LAY.dim, generator=g) for _ in range(LAYERS)] for i, c in zip(ids, CONTEXTS)}
-    for i, c in zip(ids, CONTEXTS):
-        tab.add(i, c)
-        for layer in range(LAYERS):
-            store.write_host(layer, tab.host_locs(i), LAY.encode(lat[i][layer][:c]).cuda())
-    for step in range(STEPS):
-        pos = tab.extend(ids)
-        reqs, lens = tab.indices(ids), tab.seq_lens(ids)
-        q = torch.randn(len(ids), 16, LAY.dim, generator=g)
-        for layer in range(LAYERS):
-            new = LAY.encode(torch.stack([lat[i][layer][int(pos[j])] for j, i in enumerate(ids)]))
-            store.append(layer, reqs, pos, new.cuda(), tab.req_to_host)
-            topk = torch.stack([torch.cat([pos[j:j + 1].cpu(), torch.randperm(int(lens[j]) - 1, generator=g)[:K - 1]])
-                                for j in range(len(ids))])
-            steps = plan_layer(store, mode, layer, reqs, lens, topk.cuda(), tab.req_to_host, validate=False)
-            # the rows attention will read, before any commit moves them (a snapshot per plan)
-            snaps = []
-            out = decode_layer(store, mode, q.cuda(), steps,
-                               lambda qq, rows, sl: (snaps.append(rows.cpu().clone()),
-                                                     sparse_mla_decode_triton(qq, rows, sl, LAY, SCALE))[1])
-            torch.cuda.synchronize()
-            start = 0
-            for sp in steps:   # each plan against the unsplit torch reference, within the fp32 bound
-                b = sp.reqs.numel()
-                want, _, tol = plan_reference(LAY, q[start:start + b], snaps[-1], sp.read_slots, sp.staged,
-                                              SCALE, dual=mode != "none")
-                assert bool(((out[start:start + b].cpu().double() - want.double()).abs() <= tol).all())
-                start += b
-            # and the rows are the right ones: each entry reads the latent its top-k position names
-            dec = [LAY.decode(LAY.encode(lat[i][layer])) for i in ids]
-            got_rows = LAY.decode(snaps[-1][torch.cat([s.read_slots for s in steps]).cpu().clamp(min=0).long()])
-            want_rows = torch.stack([dec[j][topk[j]] for j in range(len(ids))])
-            assert torch.equal(got_rows, want_rows)
-    for i in ids:
-        tab.release(i)
-    torch.cuda.synchronize()
-    assert int(store.host.rows.sum()) == 0
+    decode_matches_reference(store, tab, LAY, mode, lambda q, rows, sl: sparse_mla_decode_triton(q, rows, sl, LAY, SCALE),
+                             torch.cuda.synchronize, contexts=CONTEXTS, steps=STEPS, k=K, scale=SCALE)
     store.shutdown()
 
 

@@ -9,6 +9,9 @@ on a GPU - runs in the CPU suite with only its kernels (torch) and its streams s
                        event or a stream - or when `progress()` advances a randomly chosen stream
                        by one op (other streams' work completing at any time, out of order)
   events               done once the stream that recorded them reaches them; `query()` says so
+  mapping values       asks stream_values.check_supported of a driver double (StockDriver: the
+                       attributes a stock driver reports, by cuda.bindings' own enums), as
+                       CudaStreams.map_values asks the real driver
   values               an int64 host tensor (shared memory): a write on the compute stream stores at
                        once, on a side stream when that stream reaches it; a wait on the compute
                        stream spins the host until another process (or side stream) stores enough,
@@ -43,14 +46,60 @@ class FakeStream:
         self.ops: collections.deque = collections.deque()
 
 
+class StockDriver:
+    """cuda.bindings.driver as far as kernels/stream_values.py uses it, answering as a stock NVIDIA driver
+    (no NVreg_EnableStreamMemOPs): the v2 64-bit stream memory operations are on (attribute 122), the
+    legacy v1 API is off (93, 92). Its enums and handle types are cuda.bindings' own, so a query by a
+    wrong name or number reads what that name or number means there. `queried` lists the attributes
+    asked; `calls` the value operations queued."""
+
+    def __init__(self, attributes: dict | None = None):
+        from cuda.bindings import driver
+
+        self._d = driver
+        A = driver.CUdevice_attribute                  # noqa: N806 - the enum, spelled as cuda.bindings does
+        self.attributes = attributes if attributes is not None else {
+            A.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: 1,
+            A.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: 0,
+            A.CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: 0}
+        self.queried: list = []
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name):                       # enums, handle types, cuGetErrorString: the real ones
+        return getattr(self._d, name)
+
+    def cuInit(self, flags):
+        return (self._d.CUresult.CUDA_SUCCESS,)
+
+    def cuDeviceGet(self, ordinal):
+        if ordinal != 0:
+            return (self._d.CUresult.CUDA_ERROR_INVALID_DEVICE, None)
+        return (self._d.CUresult.CUDA_SUCCESS, self._d.CUdevice(ordinal))
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        if not isinstance(attr, self._d.CUdevice_attribute):
+            raise TypeError(f"cuDeviceGetAttribute: attribute {attr!r} is not a CUdevice_attribute")
+        self.queried.append(attr)
+        return (self._d.CUresult.CUDA_SUCCESS, self.attributes.get(attr, 0))
+
+    def cuStreamWriteValue64(self, stream, addr, value, flags):
+        self.calls.append(("write", int(stream), int(addr), value, flags))
+        return (self._d.CUresult.CUDA_SUCCESS,)
+
+    def cuStreamWaitValue64(self, stream, addr, value, flags):
+        self.calls.append(("wait", int(stream), int(addr), value, flags))
+        return (self._d.CUresult.CUDA_SUCCESS,)
+
+
 class LateStreams:
     requires_cuda = False
     event_class = FakeEvent
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, driver=None):
         self.compute = FakeStream("compute")
         self.streams: list[FakeStream] = []
         self.rng = random.Random(seed)
+        self.driver = driver             # a StockDriver on the first mapping unless one is given
 
     # --- the runtime API (stream_runtime.CudaStreams) --------------------------------------
     def stream(self, priority: str) -> FakeStream:
@@ -92,8 +141,12 @@ class LateStreams:
     def keep_alive(self, t, stream) -> None:
         pass
 
-    @staticmethod
-    def map_values(t):
+    def map_values(self, t):
+        from sgl_ess.kernels import stream_values
+
+        if self.driver is None:
+            self.driver = StockDriver()
+        stream_values.check_supported(0, drv=self.driver)     # what CudaStreams.map_values asks first
         return t
 
     def write_value(self, stream: FakeStream, values, index: int, value: int) -> None:

@@ -1,4 +1,5 @@
-"""Zero-copy views of pinned host memory for GPU kernels (CUDA unified virtual addressing).
+"""Zero-copy views of pinned host memory for GPU kernels (CUDA unified virtual addressing). The CUDA
+runtime is called through cuda-python (kernels/cuda_api.py), its flags by name.
 
 `device_view(t)` returns a CUDA tensor that aliases the pinned CPU tensor `t` (no copy): a
 kernel that reads it pulls the bytes over PCIe on demand. The returned tensor keeps `t` alive.
@@ -6,45 +7,9 @@ On a machine without CUDA this raises: callers use the torch path there.
 """
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
-CUDART_NAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0")
-
-
-def cudart_paths_in_maps(maps_text: str) -> list[str]:
-    """Paths of CUDA runtimes mapped into a process (/proc/PID/maps text), first seen first: torch
-    wheels load their own ``libcudart.so.NN`` (from the nvidia-cuda-runtime wheel), not a bare
-    ``libcudart.so``."""
-    out = []
-    for line in maps_text.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if "/libcudart.so" in path and path not in out:
-            out.append(path)
-    return out
-
-
-_CUDART: list = []
-
-
-def cudart():
-    """The CUDA runtime this process uses (loaded once found), or None: a runtime torch already
-    mapped first, then the usual sonames. A failed lookup is not remembered (CUDA may load later)."""
-    if _CUDART:
-        return _CUDART[0]
-    try:
-        with open("/proc/self/maps") as f:
-            candidates = cudart_paths_in_maps(f.read())
-    except OSError:
-        candidates = []
-    for name in (*candidates, *CUDART_NAMES):
-        try:
-            _CUDART.append(ctypes.CDLL(name))
-            return _CUDART[0]
-        except OSError:
-            continue
-    return None
+from sgl_ess.kernels import cuda_api
 
 
 class _CudaArray:
@@ -60,13 +25,11 @@ _TYPESTR = {torch.uint8: "|u1", torch.int32: "<i4", torch.int64: "<i8", torch.fl
 
 
 def device_pointer(host_ptr: int) -> int:
-    """Device address of pinned host memory: cudaHostGetDevicePointer, else the UVA identity."""
-    lib = cudart()
-    if lib is None:
-        return host_ptr  # UVA: registered/allocated pinned memory has the same address on device
-    dev = ctypes.c_void_p()
-    rc = lib.cudaHostGetDevicePointer(ctypes.byref(dev), ctypes.c_void_p(host_ptr), 0)
-    return dev.value if rc == 0 and dev.value else host_ptr
+    """Device address of pinned or registered host memory (cudaHostGetDevicePointer; under UVA the
+    same address). A pointer CUDA does not know is an error, not a guess."""
+    rt = cuda_api.runtime()
+    return int(cuda_api.check(rt.cudaHostGetDevicePointer(host_ptr, 0), "cudaHostGetDevicePointer",
+                              "the host memory must be pinned or registered (StoreConfig.pin_host)"))
 
 
 def device_view(t: torch.Tensor) -> torch.Tensor:
@@ -98,8 +61,6 @@ class HostRegistration:
 
     CHUNK_BYTES = 1 << 30
 
-    READ_ONLY = 0x08               # cudaHostRegisterReadOnly: a PROT_READ mapping (GPU reads only)
-
     def __init__(self, t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES, readonly: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("register_host needs CUDA; on CPU the host pool is used as is")
@@ -109,31 +70,37 @@ class HostRegistration:
         self.ptr = t.data_ptr()
         self.nbytes = t.numel() * t.element_size()
         self.chunks: list[tuple[int, int]] = []
-        rt = torch.cuda.cudart()
+        rt = cuda_api.runtime()
+        # read-only: a PROT_READ mapping the GPU only reads (a reader rank of a shared pool)
+        flags = rt.cudaHostRegisterReadOnly if readonly else rt.cudaHostRegisterDefault
         off = 0
         try:
             while off < self.nbytes:
                 size = min(chunk_bytes, self.nbytes - off)
-                rc = rt.cudaHostRegister(self.ptr + off, size, self.READ_ONLY if readonly else 0)
-                if int(rc) != 0:
-                    raise RuntimeError(
-                        f"cudaHostRegister failed (error {int(rc)}) at byte {off} of a {self.nbytes}-byte host "
-                        "pool: the OS limits page-locked memory (ulimit -l, container memlock) or the pool is "
-                        "larger than free RAM. Lower --ess-memory-pool-size-gb")
+                cuda_api.check(rt.cudaHostRegister(self.ptr + off, size, flags),
+                               f"cudaHostRegister at byte {off} of a {self.nbytes}-byte host pool",
+                               "the OS limits page-locked memory (ulimit -l, container memlock) or the pool is "
+                               "larger than free RAM: lower --ess-memory-pool-size-gb")
                 self.chunks.append((self.ptr + off, size))
                 off += size
         except Exception:
-            self.unregister()
+            try:
+                self.unregister()
+            except RuntimeError:
+                pass                  # the registration's own error is the one to report
             raise
         _REGISTERED.append(self)
 
     def unregister(self) -> None:
-        rt = torch.cuda.cudart()
-        for ptr, _ in self.chunks:
-            rt.cudaHostUnregister(ptr)
+        rt = cuda_api.runtime() if self.chunks else None
+        failed = [(ptr, rt.cudaHostUnregister(ptr)[0]) for ptr, _ in self.chunks]
+        failed = [(ptr, st) for ptr, st in failed if int(st) != 0]
         self.chunks = []
         if self in _REGISTERED:
             _REGISTERED.remove(self)
+        if failed:                    # every chunk was tried first: none stays registered by an early stop
+            cuda_api.check((failed[0][1],), f"cudaHostUnregister of {len(failed)} chunk(s), first at {failed[0][0]:#x}",
+                           "the memory was unregistered or freed elsewhere")
 
 
 def register_host(t: torch.Tensor, chunk_bytes: int = HostRegistration.CHUNK_BYTES,

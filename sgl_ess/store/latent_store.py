@@ -133,8 +133,6 @@ class LatentStore:
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
         self._redirect = None                          # the Triton plan epilogue's scratch (first use)
         self._iota = None                              # 0..b-1 for write_slots(padded=True) (first use)
-        # zeroing that must land before host writes: each zero plan and the layers already fenced
-        self._host_fence: list[tuple[Ticket, set[int]]] = []
 
     def _make_engine(self, name: str) -> FetchEngine:
         on_cuda = self.device.type == "cuda"
@@ -187,7 +185,9 @@ class LatentStore:
 
     def close(self, req: int) -> None:
         """Request finished, aborted or retracted: zero and free its hot buffer, and drop every
-        speculative staging (they may hold its rows). Ring rows are zeroed by each commit ("move")."""
+        speculative staging (they may hold its rows). Ring rows are zeroed by each commit ("move").
+        A row that is not open is reset as well (defence in depth: nothing a forward left in it
+        reaches the row's next request)."""
         self._check_req(req)
         g = self._group_host[req]
         if g >= 0 and self.hot.is_open[g]:
@@ -198,6 +198,11 @@ class LatentStore:
             self.hot.is_open[g] = False
             if self.trace is not None:
                 self.trace.close_request(req)
+        elif g >= 0:
+            # a row that was never opened (or closed already): a device decode does not check that
+            # its row is open, so forwards that bypassed open() may have filled this hot buffer's
+            # slot map; reset it, so the next request on the row cannot read these rows
+            self._reset(g)
         if self._indirect and g >= 0:
             self._group_host[req] = -1
             self.group_of[req:req + 1].fill_(-1)
@@ -245,38 +250,30 @@ class LatentStore:
         self.counters.add_d2h(layer, locs.numel())
 
     def clear_host(self, locs: torch.Tensor) -> None:
-        """Zero host rows that were released (they hold user data): a background plan, ordered
-        after every move submitted before it; `fence_host()` orders later writes after it."""
+        """Zero host rows that were released (they hold user data), in every layer; done when this
+        returns. The zero plan is ordered after every copy and write submitted before it (a device
+        stream: after the compute stream's work so far, so an in-flight forward's write of these
+        rows lands first), and the host waits for it (issue 32, defect 3).
+
+        Why wait here rather than fence later writes: SGLang frees the locations after this returns
+        (the release hook runs before its allocator's free) and may hand them to a new request at
+        once, whose rows may be written by a writer that never passes through the store - a PD decode
+        node's KV arriving by Mooncake / NIXL (RDMA into the host pool, outside any CUDA stream) or
+        SGLang writing rows itself. A zeroing still queued then lands after that write and wipes it.
+        Completing it before the allocator can reuse a location is correct for every writer; the cost
+        is one host wait per release (for the compute stream's queued work and the memset)."""
         locs = locs.reshape(-1).to("cpu", torch.int64)
         if locs.numel() == 0:
             return
         if int(locs.min()) < 0 or int(locs.max()) >= self.cfg.host_capacity_tokens:
             raise IndexError(f"clear_host: location out of range [0, {self.cfg.host_capacity_tokens})")
-        self._host_fence.append((self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
-                                                             tier="background", note="zero released rows")),
-                                 set()))
+        self.engine.complete(self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
+                                                         tier="background", note="zero released rows")))
 
     def fence_host(self, layer: int | None = None) -> None:
-        """Before anything writes host rows (of `layer`; None: of any layer): order the write after
-        the pending zeroing of released rows (an engine may hand a released location to a new
-        request right away). With a layer, a device stream waits for that layer's memset only."""
-        if layer is None:
-            while self._host_fence:
-                self.engine.wait(self._host_fence.pop(0)[0])
-            return
-        keep = []
-        for ticket, fenced in self._host_fence:
-            if layer in fenced:
-                keep.append((ticket, fenced))
-                continue
-            fenced.add(layer)
-            if self.engine.wait_layer(ticket, layer):
-                continue                               # the whole plan is ordered now
-            if len(fenced) == self.cfg.num_layers:
-                self.engine.wait(ticket)               # every layer fenced: forget the plan
-                continue
-            keep.append((ticket, fenced))
-        self._host_fence = keep
+        """Before anything writes host rows (of `layer`; None: of any layer): order the write after the
+        zeroing of released rows. Nothing to wait for: `clear_host` completes the zeroing before it
+        returns (a writer outside the store could not be fenced). Kept as the writers' seam."""
 
     def graph_boundary(self) -> None:
         """A CUDA graph's edge (decode graphs, --ess-cuda-graph): everything submitted so far is ordered
@@ -290,7 +287,6 @@ class LatentStore:
         self.engine.drain()
         self._group_fence.clear()
         self._layer_fence.clear()
-        self._host_fence.clear()
 
     # --- decode path -------------------------------------------------------------------
     def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,

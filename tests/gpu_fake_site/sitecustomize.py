@@ -26,6 +26,9 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
 
         mod.quantize_k_cache = lambda kv, dv=None: kv
         mod.seqlens_expand_triton = ref_seqlens_expand
+        from tests.integration._cuda_fake import ref_flash_attn_varlen
+
+        mod.flash_attn_varlen_func = ref_flash_attn_varlen     # FA3's varlen MHA (MHA one-shot on sm_90)
         from sgl_ess.integration.sglang.backends.cuda_backend import backend_class
 
         cls = backend_class()                                 # its base: SGLang's class, read before this
@@ -60,6 +63,11 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
     def _torch_cuda(mod):
         mod.get_device_capability = lambda *a, **k: (9, 0)
 
+    def _sglang_utils_common(mod):
+        # SGLang's sm number (NVML / torch.cuda; 0 without CUDA): an H200's, so the DSA backend's
+        # prefill dispatch (set_dsa_prefill_impl: MHA one-shot for short prompts) decides as on sm_90
+        mod.get_device_sm = lambda: 90
+
     def _flash_mla_stub(mod):
         from tests.integration._cuda_fake import FLASH_MLA_MODULE, flash_mla_stub
 
@@ -70,7 +78,8 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
                 "sgl_ess.store.latent_store": _latent_store,
                 "sgl_ess.integration.sglang.backends.cuda_backend": _cuda_backend,
-                "torch.cuda": _torch_cuda}
+                "torch.cuda": _torch_cuda,
+                "sglang.srt.utils.common": _sglang_utils_common}
 
     class _PatchAfterImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):

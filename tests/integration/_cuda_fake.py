@@ -9,7 +9,9 @@ Swapped (and nothing else):
   * ``dsa_backend.quantize_k_cache`` -> identity (the fake pool holds BF16 rows, not FP8);
   * ``dsa_backend.seqlens_expand_triton`` (MTP metadata) -> ``ref_seqlens_expand`` (torch);
   * our Triton sparse-MLA decode (``sgl_ess.kernels.sparse_mla_triton``) -> its torch reference;
-  * ``torch.cuda.get_device_capability`` -> (9, 0) (an H200), and the top-k v2 planner off
+  * SGLang's ``get_device_sm`` -> 90 and ``torch.cuda.get_device_capability`` -> (9, 0) (an H200: the
+    DSA backend's prefill dispatch decides as on sm_90), FlashAttention's varlen MHA (MHA one-shot)
+    -> ``ref_flash_attn_varlen`` (torch), and the top-k v2 planner off
     (``SGLANG_OPT_USE_TOPK_V2=0``: it JIT-compiles CUDA).
 The runner is tests/integration/_fake_runner.py's, plus the attributes SGLang's DSA backend reads.
 """
@@ -67,6 +69,33 @@ def ref_seqlens_expand(extend_seq_lens, seq_lens, total_len, max_q_len):
     return res
 
 
+H200_SM = 90                      # what SGLang's get_device_sm() answers on an H200 (sm_90)
+H200_CAPABILITY = (9, 0)          # torch.cuda.get_device_capability() on an H200
+
+
+def ref_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                          softmax_scale=None, causal=False, **unused):
+    """FlashAttention-3's varlen MHA (what SGLang's DSA backend runs for MHA one-shot prefill on sm_90)
+    in torch: per request, q [tq, H, Dqk] over k [tk, H, Dqk] / v [tk, H, Dv], causal aligned to the
+    end (query j of tq attends keys 0 .. tk - tq + j, FlashAttention's bottom-right convention);
+    float64 accumulation, rounded once to q's dtype. Returns [sum tq, H, Dv]."""
+    if unused.get("return_softmax_lse"):
+        raise NotImplementedError("ref_flash_attn_varlen: return_softmax_lse is not reproduced")
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(cq) - 1):
+        qs, ks = q[cq[i]:cq[i + 1]].double(), k[ck[i]:ck[i + 1]].double()
+        tq, tk = qs.shape[0], ks.shape[0]
+        logits = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+        if causal:
+            allowed = torch.arange(tk)[None, :] <= (torch.arange(tq)[:, None] + tk - tq)
+            logits = logits.masked_fill(~allowed[None], float("-inf"))
+        p = torch.softmax(logits, -1)
+        out[cq[i]:cq[i + 1]] = torch.einsum("hqk,khd->qhd", p, v[ck[i]:ck[i + 1]].double()).to(q.dtype)
+    return out
+
+
 def flash_mla_stub() -> types.ModuleType:
     m = types.ModuleType(FLASH_MLA_MODULE)
     m.calls = []
@@ -112,7 +141,15 @@ def install_gpu_fakes(monkeypatch, decode_impl: str = "flashmla_kv", prefill_imp
     from sgl_ess.kernels import sparse_mla_triton
 
     monkeypatch.setattr(sparse_mla_triton, "sparse_mla_decode_triton", sparse_mla_decode)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: H200_CAPABILITY)
+    # SGLang's sm number (0 without CUDA): an H200's, read by the DSA backend's prefill dispatch
+    # (set_dsa_prefill_impl binds sglang.srt.utils.get_device_sm at construction)
+    import sglang.srt.utils as sgl_utils
+    import sglang.srt.utils.common as sgl_common
+
+    monkeypatch.setattr(sgl_utils, "get_device_sm", lambda: H200_SM)
+    monkeypatch.setattr(sgl_common, "get_device_sm", lambda: H200_SM)
+    monkeypatch.setattr(mod, "flash_attn_varlen_func", ref_flash_attn_varlen)
     monkeypatch.setenv("SGLANG_OPT_USE_TOPK_V2", "0")
     ov = get_context().override_server_args(dsa_decode_backend=decode_impl, dsa_prefill_backend=prefill_impl,
                                             **server_args)
@@ -156,6 +193,9 @@ def cuda_batch(mode: str, reqs, seq_lens, loc, extend_lens=None, prefix_lens=Non
     fb.global_num_tokens_cpu = None
     fb.attn_cp_metadata = None
     fb.encoder_out_cache_loc = None
+    from sglang.srt.environ import envs
+
+    fb.get_max_chunk_capacity = envs.SGLANG_MAX_KV_CHUNK_CAPACITY.get     # SGLang's ForwardBatch's answer
     if extend_lens is not None:
         fb.extend_seq_lens = torch.tensor(extend_lens, dtype=torch.int32)
     return fb

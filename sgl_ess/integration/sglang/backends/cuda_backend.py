@@ -83,6 +83,12 @@ def backend_class():
             self._call = None            # the SGLang arguments of the forward in progress (kernels read them)
             self._forward = None
             if self.ess is not None:
+                # no dense MHA one-shot prefill (SGLang's set_dsa_prefill_impl picks it on sm_90 / sm_100
+                # for every batch with max kv length <= SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD):
+                # it runs without top-k, so the store's extend path (open and warm the hot buffers,
+                # fence the host rows) would never run. SGLang turns it off the same way for its own
+                # HiSparse (a condition in set_dsa_prefill_impl) and for its dots hybrid backend (this flag)
+                self.supports_mha_one_shot = False
                 cfg = model_runner.model_config
                 self._forward = StoreForward(self.ess, self.req_to_token_pool, _CudaKernels(self, base), self,
                                              cfg.kv_lora_rank, cfg.qk_rope_head_dim)

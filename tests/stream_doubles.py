@@ -132,6 +132,10 @@ class LateStreams:
         elif not ev.finished:
             stream.ops.append(("wait", ev))
 
+    def synchronize(self, ev: FakeEvent) -> None:
+        """The host waits for the event: the stream that records it runs up to it (and what it waits on)."""
+        self._run_until(ev)
+
     def launch(self, stream: FakeStream, fn):
         if stream is self.compute:
             return fn()

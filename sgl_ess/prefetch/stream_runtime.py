@@ -9,6 +9,7 @@ nothing added; the CPU suite swaps in a double whose streams complete work late 
   current()               the compute stream (SGLang's)
   wait_stream(a, b)       a's later work waits for everything b has been given so far
   record(s) / wait_event(s, ev)   an event after s's work so far / s's later work waits for it
+  synchronize(ev)         the host waits until ev is done (a host sync; the zeroing of released rows only)
   record_timed(s)         a timing event (benchmarks only; CUDA)
   launch(s, fn)           run fn's kernels on s (CUDA: now, queued on s, and fn's result back;
                           the double: when something waits for them, and None)
@@ -60,6 +61,10 @@ class CudaStreams:
     @staticmethod
     def wait_event(stream, ev) -> None:
         stream.wait_event(ev)
+
+    @staticmethod
+    def synchronize(ev) -> None:
+        ev.synchronize()
 
     @staticmethod
     def launch(stream, fn):

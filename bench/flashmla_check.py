@@ -1,6 +1,6 @@
 """FlashMLA's sparse FP8 decode over the ESS slot space and slot table, against our reference.
 
-  python -m bench flashmla --out PATH          (CUDA; the sgl-flash-mla wheel carried in .whl/)
+  python -m bench flashmla --out PATH          (CUDA, with FlashMLA's `flash_mla` module installed)
 
 Builds FP8 656-byte rows (DeepSeek-V3.2 layout, sgl_ess.kernels.latent_layout) in a slot
 space that is a multiple of 64 rows, a slot table [b, 2048] with -1 padding (what the store's
@@ -8,7 +8,8 @@ resolver produces), and runs FlashMLA's `flash_mla_with_kvcache(..., indices=slo
 is_fp8_kvcache=True, kv_format="V32")` - the kernel SGLang's `flashmla_kv` decode calls. Compares
 with sgl_ess.attention.reference.sparse_mla_decode on the same bytes (max abs / rel error of out
 and lse) and times it (CUDA events). If the wheel does not load on this torch (it declares
-torch>=2.14.1; the GPU machine has 2.11), the report says so: that is a result too.
+torch>=2.14.1), the report says so: that is a result too. Not a step of bench/gpu_check.sh: the
+lent GPU machine has no FlashMLA and cannot fetch it; run it on a GPU node that serves with SGLang.
 """
 from __future__ import annotations
 

@@ -129,8 +129,9 @@ class StoreConfig:
         """Bytes a store of this config allocates on its device, by tensor: the slot space's rows in
         whole pages (hot buffers, rings, speculative rows), their ring tags, the LRU state of every
         (layer, hot buffer + the padding row), the resolver's token map and the counters. What
-        SGLang's GPU budget must leave room for (integration/sglang/pools/cuda_memory.py); an engine's
-        own few small buffers aside."""
+        SGLang's GPU budget must leave room for (integration/sglang/pools/cuda_memory.py); with spec
+        rows, the speculative stager's counters; and the CUDA stream engine's zero row and row counters
+        (prefetch/stream_engine.py). Built at start: scratch a step allocates later is not in it."""
         n_layers, r, n = self.num_layers, self.groups, self.hot_slots_per_request
         staged = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
         rows = -(-(n_layers * r * n + staged) // PAGE_ROWS) * PAGE_ROWS
@@ -138,7 +139,11 @@ class StoreConfig:
                 "lru_state": n_layers * (r + 1) * n * (8 + 4),           # slot -> token int64, LRU order int32
                 "token_map": (r + 1) * (self.max_context_tokens + 1) * 4,
                 "counters": 8 * (2 * n_layers * r + 6 * n_layers),
-                "group_map": 8 * self.max_requests if self.hot_groups else 0}   # request row -> hot buffer
+                "group_map": 8 * self.max_requests if self.hot_groups else 0,   # request row -> hot buffer
+                # store/speculative.py: rows staged and used per layer, two [2] accuracy counters
+                "speculative": 8 * (2 * n_layers + 4) if self.spec_slots else 0,
+                # zero row, rows moved per tier (3: prefetch/plan.TIERS), rows zeroed
+                "engine": self.row_bytes + 8 * (3 + 1)}
 
 
 def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float | None = None,

@@ -1,33 +1,58 @@
 """The ESS store inside SGLang's GPU budget (issue 16): `StoreConfig.device_allocation` is what a
-store allocates on its device, tensor by tensor, and the pool-budget hook (cuda_memory.py) takes the
-target's and the EAGLE draft's stores out of the bytes SGLang sizes its pools from - before this,
+store allocates on its device (measured: every device storage the store holds), and the pool-budget
+hook (cuda_memory.py) takes the target's and the EAGLE draft's stores out of the bytes SGLang sizes its pools from - before this,
 the store was allocated after SGLang's pools, outside its budget. The configurator's method is a
 stub here (the hook's CUDA branch has never run on a GPU)."""
+import gc
+import types
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sgl_ess.config import ENV_CONFIG_JSON, EssConfig
+from sgl_ess.prefetch.stream_engine import StreamEngine
 from sgl_ess.store import LatentStore, StoreConfig
+from tests.stream_doubles import LateStreams
+
+_LEAVES = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, str, bytes,
+           int, float)
 
 
-def _allocated(store: LatentStore) -> int:
-    c = store.counters
-    tensors = [store.slots.rows, store.slots.ring_tags, store.hot.slot_to_token_ext, store.hot.lru_order_ext,
-               store.hot.token_map, c.hits, c.misses, c.layer_hits, c.layer_misses, c.rows_h2d, c.rows_d2h,
-               c.warmup_rows, c.refetch_rows] + ([store.group_of] if store.group_of is not None else [])
-    return sum(t.numel() * t.element_size() for t in tensors)
+def _device_bytes(root, device: torch.device) -> dict[int, int]:
+    """Every storage on `device` reachable from `root` (its attributes, containers and the objects they hold,
+    recursively): storage id -> bytes. Not a list of the tensors the budget counts, so a tensor the budget
+    forgets is found."""
+    seen, out, stack = set(), {}, [root]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, _LEAVES):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if o.device == device:
+                out[o.untyped_storage()._cdata] = o.untyped_storage().nbytes()
+            continue
+        stack.extend(gc.get_referents(o))
+    return out
 
 
 @pytest.mark.parametrize("spec_slots, ring_slots, requests, hot_groups",
                          [(0, 0, 5, 0), (48, 0, 9, 0), (0, 70, 3, 0), (48, 0, 30, 7)])
 def test_device_allocation_is_what_the_store_allocates(spec_slots, ring_slots, requests, hot_groups):
+    """Issue 32: measured, not listed. The store is built on the meta device (every tensor it puts on its
+    device has a size and no memory; its host pool stays on the CPU), with the engine CUDA gives it (the
+    stream engine, its streams a double), and every meta storage it holds is summed."""
     cfg = StoreConfig(num_layers=3, row_bytes=40, host_capacity_tokens=64, hot_slots_per_request=20,
                       max_requests=requests, topk=8, max_context_tokens=300, spec_slots=spec_slots,
-                      ring_slots=ring_slots, hot_groups=hot_groups)
+                      ring_slots=ring_slots, hot_groups=hot_groups, device="meta", resolver_backend="torch")
     store = LatentStore(cfg, transfer_backend="torch", engine="inline",
                         speculative="next_layer" if spec_slots else "off")
-    assert _allocated(store) == sum(cfg.device_allocation().values())
+    store.engine = StreamEngine(store.memory, "torch", device="meta", runtime=LateStreams(), zero_backend="torch")
+    measured = _device_bytes(store, torch.device("meta"))
+    assert store.slots.rows.untyped_storage()._cdata in measured and store.host.rows.device.type == "cpu"
+    assert sum(measured.values()) == sum(cfg.device_allocation().values()), \
+        f"measured {sum(measured.values())} B in {len(measured)} storages, budget {cfg.device_allocation()}"
     assert cfg.device_allocation()["slot_rows"] >= cfg.device_bytes        # whole pages of the latent bytes
     store.shutdown()
 

@@ -111,7 +111,9 @@ run_step() {
   fi
   echo "[gpu_check] $(date -u +%T) step $name (limit ${limit} s): $*"
   t0=$(date +%s.%N)
-  timeout -k 5 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
+  # SIGINT first: pytest still writes its JUnit XML and -rA summary, a bench its finally blocks; a
+  # step stuck in the driver (a stream wait has no timeout) gets SIGKILL 5 s later
+  timeout -s INT -k 5 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')

@@ -300,11 +300,13 @@ def main() -> int:
     t0 = time.perf_counter()
     warm, steps, note = load_trace(args)
     res["trace"] = {"source": args.trace or "synthetic", "note": note, "seconds": round(time.perf_counter() - t0, 1)}
+    save()
     wl = Workload(args, warm, steps, batch)
     before = _alloc_bytes(cuda)
     t0 = time.perf_counter()
     store, table = build_store(args, batch)
-    res["store_build_s"] = round(time.perf_counter() - t0, 1)
+    res["store_build_s"] = round(time.perf_counter() - t0, 1)      # host pool: populate, register, fill
+    save()
     print(f"[decode loop] batch {batch}, {args.layers} layers, k {args.k}, N {args.slots}, context {args.context}; "
           f"store built in {res['store_build_s']} s", flush=True)
     res["ess"] = []

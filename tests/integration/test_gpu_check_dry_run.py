@@ -124,6 +124,32 @@ def test_a_step_table_over_the_budget_is_refused_before_anything_runs(tmp_path):
     assert not (out / "steps.jsonl").exists()
 
 
+def test_steps_cut_by_their_timeouts_are_recorded_and_the_next_ones_still_run(tmp_path):
+    """Every limit set to 1 s (a Python step cannot even import torch in that): each step is cut,
+    recorded as a timeout with its log, and the script goes on to the next and to the summary."""
+    tree = tmp_path / "tree"                                  # the repo, with a copy of the script
+    (tree / "bench").mkdir(parents=True)
+    for p in (REPO / "bench").iterdir():
+        if p.name != "gpu_check.sh":
+            (tree / "bench" / p.name).symlink_to(p)
+    for name in ("sgl_ess", "tests", "pyproject.toml"):
+        (tree / name).symlink_to(REPO / name)
+    table, _, _ = _table(tmp_path)
+    text = SCRIPT.read_text()
+    for name, limit in table:
+        text, n = re.subn(rf"^{name}\s+{limit}$", f"{name}  1", text, flags=re.M)
+        assert n == 1, name
+    (tree / "bench" / "gpu_check.sh").write_text(text)
+    out = tmp_path / "out"
+    r = _run(out, "--dry-run", script=tree / "bench" / "gpu_check.sh")
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [(d["name"], d["status"], d["timeout_s"]) for d in lines] == [(n, "timeout", 1) for n in STEPS]
+    assert all((out / d["log"]).exists() and d["log_tail"] is not None for d in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == STEPS and summary["missing"] == []
+
+
 def test_an_unknown_argument_is_refused(tmp_path):
     r = _run(tmp_path, "--dryrun")
     assert r.returncode == 2 and "unknown argument: --dryrun" in r.stderr

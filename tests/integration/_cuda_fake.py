@@ -6,7 +6,9 @@ extend path, page-table handling) and our subclass, store and lifecycle.
 Swapped (and nothing else):
   * FlashMLA (``sglang.kernels.ops.attention.flash_mla_interface``: ``get_mla_metadata``,
     ``flash_mla_with_kvcache``, ``flash_mla_sparse_fwd``) -> ``ref_sparse_mla`` (torch, float64 accumulation);
-  * ``dsa_backend.quantize_k_cache`` -> identity (the fake pool holds BF16 rows, not FP8);
+  * ``dsa_backend.quantize_k_cache`` (SGLang's FP8 writer, Triton) -> ``ref_quantize_k_cache``, its
+    formula in torch; the FlashMLA stand-in dequantizes FP8 rows (``is_fp8_kvcache``, always set by
+    SGLang's flashmla_kv) from FlashMLA's documented 656-byte layout (``dequant_flashmla_fp8``);
   * ``dsa_backend.seqlens_expand_triton`` (MTP metadata) -> ``ref_seqlens_expand`` (torch);
   * our Triton sparse-MLA decode (``sgl_ess.kernels.sparse_mla_triton``) -> its torch reference;
   * SGLang's ``get_device_sm`` -> 90 and ``torch.cuda.get_device_capability`` -> (9, 0) (an H200: the
@@ -39,11 +41,58 @@ def ref_sparse_mla(q, kv_rows, idx, scale, dv, topk_length=None):
     if topk_length is not None:
         valid = valid & (torch.arange(idx.shape[1])[None, :] < topk_length[:, None])
     rows = kv_rows[idx.long().clamp(min=0)].double()
+    rows = rows.masked_fill(~valid.unsqueeze(-1), 0.0)   # a masked entry reads nothing (an unwritten FP8 row is NaN)
     logits = torch.einsum("shd,skd->shk", q.double(), rows) * scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(logits, -1)
     p = torch.softmax(logits, -1).nan_to_num(0.0)
     return torch.einsum("shk,skd->shd", p, rows[..., :dv]), lse
+
+
+V32_NOPE, V32_ROPE = 512, 64       # DeepSeek-V3.2's latent: the only width FlashMLA's FP8 rows hold
+FP8_TILE = 128                    # FlashMLA's FP8 KV: one fp32 scale per 128 NoPE values
+FP8_E4M3_MAX = 448.0              # torch.finfo(torch.float8_e4m3fn).max, SGLang's FP8_MAX
+
+
+def ref_quantize_k_cache(cache_k: torch.Tensor, dv: int | None = None) -> torch.Tensor:
+    """SGLang's FP8 KV writer (kernels/ops/quantization/dsa_quant_k_cache.py, the Triton kernel
+    _quantize_k_cache_fast_kernel behind quantize_k_cache) in torch: per token and 128-value NoPE
+    tile, y = bf16 -> fp32, scale = max|y| / 448, codes = clamp(y * (1 / scale), -448, 448) cast to
+    float8_e4m3fn (round to nearest even, as the GPU's cvt.rn); the scales stored as fp32 after the
+    codes, then the RoPE values' bf16 bytes unchanged. An all-zero tile gives scale 0 and NaN codes,
+    as SGLang's kernel does (no eps). Triton's fp32 division on a GPU may round 1 / scale one ulp
+    differently; the fake's ESS-on and ESS-off paths both read these bytes, so comparisons between
+    them are unaffected. cache_k [..., dv + rope] bf16 -> float8_e4m3fn [..., dv + 4 * dv / 128 + 2 * rope]."""
+    lead, width = cache_k.shape[:-1], cache_k.shape[-1]
+    dv = 512 if dv is None and width == 576 else dv
+    if dv is None or dv % FP8_TILE:
+        raise ValueError(f"ref_quantize_k_cache: NoPE width {dv} of {width}: pass dv, a multiple of {FP8_TILE}")
+    x = cache_k.reshape(-1, width)
+    y = x[:, :dv].to(torch.bfloat16).float().reshape(x.shape[0], -1, FP8_TILE)
+    scale = y.abs().amax(-1) / FP8_E4M3_MAX
+    codes = (y * (1.0 / scale).unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    rope = x[:, dv:].to(torch.bfloat16).contiguous()
+    out = torch.cat([codes.reshape(x.shape[0], dv).view(torch.uint8), scale.contiguous().view(torch.uint8),
+                     rope.view(torch.uint8)], dim=1)
+    return out.view(torch.float8_e4m3fn).reshape(*lead, -1)
+
+
+def dequant_flashmla_fp8(k_cache: torch.Tensor, d_nope: int) -> torch.Tensor:
+    """FlashMLA's FP8 KV cache (its README, "FP8 KV cache" of sparse decoding; SGLang's
+    kv_format "V32"), read back: each token's row is d_nope float8_e4m3 NoPE values, then one fp32
+    scale per 128 of them, then the RoPE part as bf16 values, unquantized (DeepSeek-V3.2: 512 + 16 +
+    128 = 656 bytes). NoPE value i = code[i] * scale[i // 128]. k_cache [..., row] (any 1-byte dtype)
+    -> float32 [N, d_nope + rope], one row per token."""
+    rows = k_cache.reshape(-1, k_cache.shape[-1]).view(torch.uint8)
+    tiles = d_nope // FP8_TILE
+    rope = (rows.shape[1] - d_nope - 4 * tiles) // 2
+    if d_nope % FP8_TILE or d_nope + 4 * tiles + 2 * rope != rows.shape[1]:
+        raise ValueError(f"dequant_flashmla_fp8: a {rows.shape[1]}-byte row is not {d_nope} FP8 NoPE values + "
+                         f"{tiles} fp32 scales + bf16 RoPE")
+    codes = rows[:, :d_nope].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, tiles, FP8_TILE)
+    scales = rows[:, d_nope:d_nope + 4 * tiles].contiguous().view(torch.float32)
+    rope_v = rows[:, d_nope + 4 * tiles:].contiguous().view(torch.bfloat16).float()
+    return torch.cat([(codes * scales.unsqueeze(-1)).reshape(-1, d_nope), rope_v], dim=1)
 
 
 def copy_rows_static(src: torch.Tensor, src_idx: torch.Tensor, dst: torch.Tensor, dst_idx: torch.Tensor) -> None:
@@ -111,8 +160,16 @@ def flash_mla_stub() -> types.ModuleType:
                                softmax_scale, indices, block_table, is_fp8_kvcache, kv_format):
         m.calls.append("flash_mla_with_kvcache")
         b, sq, h, d = q.shape
-        o, lse = ref_sparse_mla(q.reshape(b * sq, h, d), k_cache.reshape(-1, k_cache.shape[-1]),
-                                indices.reshape(b * sq, -1), softmax_scale, head_dim_v)
+        if is_fp8_kvcache:      # always, from SGLang's flashmla_kv (a BF16 pool is quantized first)
+            if kv_format not in ("V32", None) or k_cache.element_size() != 1:
+                raise NotImplementedError(f"FlashMLA stand-in: FP8 rows of format {kv_format!r}, "
+                                          f"{k_cache.dtype}: only V32 (656-byte rows) is reproduced")
+            m.calls.append("fp8_kvcache")
+            kv_rows = dequant_flashmla_fp8(k_cache, head_dim_v)
+        else:
+            kv_rows = k_cache.reshape(-1, k_cache.shape[-1])
+        o, lse = ref_sparse_mla(q.reshape(b * sq, h, d), kv_rows, indices.reshape(b * sq, -1), softmax_scale,
+                                head_dim_v)
         return o.to(q.dtype).view(b, sq, h, head_dim_v), lse
 
     def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink=None, topk_length=None):
@@ -133,9 +190,15 @@ def install_gpu_fakes(monkeypatch, decode_impl: str = "flashmla_kv", prefill_imp
     from sglang.srt.layers.attention import dsa_backend as mod
     from sglang.srt.runtime_context import get_context
 
+    if decode_impl == "flashmla_kv" or prefill_impl == "flashmla_kv":
+        # FlashMLA's FP8 rows (and SGLang's quantizer) exist for DeepSeek-V3.2's latent only, 512 NoPE +
+        # 64 RoPE values: the runner, layers and queries this fake builds take that width (the heads
+        # and top-k stay small)
+        for name, value in (("KV_LORA", V32_NOPE), ("ROPE", V32_ROPE), ("KV_DIM", V32_NOPE + V32_ROPE)):
+            monkeypatch.setattr(fr, name, value)
     stub = flash_mla_stub()
     monkeypatch.setitem(sys.modules, FLASH_MLA_MODULE, stub)
-    monkeypatch.setattr(mod, "quantize_k_cache", lambda kv, dv=None: kv)
+    monkeypatch.setattr(mod, "quantize_k_cache", ref_quantize_k_cache)
     monkeypatch.setattr(mod, "seqlens_expand_triton", ref_seqlens_expand)
     from sgl_ess.attention.reference import sparse_mla_decode
     from sgl_ess.kernels import sparse_mla_triton
@@ -157,26 +220,52 @@ def install_gpu_fakes(monkeypatch, decode_impl: str = "flashmla_kv", prefill_imp
     return stub, ov
 
 
-def cuda_runner(req_pool, allocator, layers: int):
-    """_fake_runner's runner plus what DeepseekSparseAttnBackend.__init__ reads."""
+def _fp8_pool(layers: int, pool_tokens: int = 4096) -> SimpleNamespace:
+    """SGLang's DSA pool with an FP8 KV cache (--kv-cache-dtype fp8_e4m3: dsa_kv_cache_store_fp8), host
+    backed as ESS builds it: uint8 rows of FlashMLA's layout (kv_cache_dim 656 for V3.2), handed to
+    kernels as float8_e4m3fn views [N, 1, 656] (get_key_buffer)."""
+    from sgl_ess.kernels.latent_layout import LatentLayout
+    from sgl_ess.store import HostLatentPool
+
+    row = LatentLayout("fp8_flashmla", fr.KV_LORA, fr.ROPE).row_bytes
+    host = HostLatentPool(layers, pool_tokens + fr.PAGE, row, pin=False)
+    raw = [host.rows[i].view(pool_tokens + fr.PAGE, 1, row) for i in range(layers)]
+    fp8 = [r.view(torch.float8_e4m3fn) for r in raw]
+    return SimpleNamespace(ess_host_pool=host, kv_cache_dim=row, store_dtype=torch.uint8, dtype=torch.float8_e4m3fn,
+                           layer_num=layers, kv_buffer=raw, get_key_buffer=lambda i: fp8[i], device="cpu",
+                           dsa_kv_cache_store_fp8=True)
+
+
+def cuda_runner(req_pool, allocator, layers: int, fp8_pool: bool = False):
+    """_fake_runner's runner plus what DeepseekSparseAttnBackend.__init__ reads. `fp8_pool`: the KV
+    cache of an H200's default configuration, FP8 656-byte rows (install_gpu_fakes with flashmla_kv
+    first: the V3.2 latent width)."""
     runner = fr.fake_runner(req_pool, allocator, layers)
+    if fp8_pool:
+        runner.token_to_kv_pool = _fp8_pool(layers)
     runner.page_size = fr.PAGE
     runner.is_draft_worker = False
     runner.hisparse_coordinator = None
-    runner.kv_cache_dtype = fr.DTYPE
+    runner.kv_cache_dtype = torch.float8_e4m3fn if fp8_pool else fr.DTYPE
     mc = runner.model_config
     mc.hf_config.architectures = ["DeepseekV32ForCausalLM"]
     mc.context_len = req_pool.req_to_token.shape[1]
     mc.num_attention_heads = fr.HEADS
     mc.qk_nope_head_dim = fr.KV_LORA
     pool = runner.token_to_kv_pool
-    pool.dsa_kv_cache_store_fp8 = False
-    pool.dtype = fr.DTYPE
+    if not fp8_pool:
+        pool.dsa_kv_cache_store_fp8 = False
+        pool.dtype = fr.DTYPE
 
     def set_mla_kv_buffer(layer, loc, k_nope, k_rope):
-        """SGLang's writer: one packed row (nope ++ rope) per token, into the host-backed buffer."""
+        """SGLang's writer: one packed row (nope ++ rope) per token, into the host-backed buffer; an FP8
+        pool stores SGLang's quantizer's bytes (ref_quantize_k_cache)."""
         row = torch.cat([k_nope.reshape(-1, fr.KV_LORA), k_rope.reshape(-1, fr.ROPE)], dim=-1)
-        pool.kv_buffer[layer.layer_id][loc.long(), 0] = row.to(fr.DTYPE)
+        if fp8_pool:
+            q = ref_quantize_k_cache(row.to(torch.bfloat16), fr.KV_LORA)
+            pool.kv_buffer[layer.layer_id][loc.long(), 0] = q.view(torch.uint8)
+        else:
+            pool.kv_buffer[layer.layer_id][loc.long(), 0] = row.to(fr.DTYPE)
     pool.set_mla_kv_buffer = set_mla_kv_buffer
     return runner
 
@@ -201,11 +290,20 @@ def cuda_batch(mode: str, reqs, seq_lens, loc, extend_lens=None, prefix_lens=Non
     return fb
 
 
-def reference(runner, layer_id: int, q, reqs_per_token: torch.Tensor, topk_pos: torch.Tensor) -> torch.Tensor:
+def reference(runner, layer_id: int, q, reqs_per_token: torch.Tensor, topk_pos: torch.Tensor,
+              fp8: bool = False) -> torch.Tensor:
     """Dense truth: the rows of each query's top-k positions, read through req_to_token from the
-    full history. q [T, H*D] -> [T, H, R] fp32."""
+    full history. q [T, H*D] -> [T, H, R] fp32. `fp8`: the kernel under test read FP8 rows (SGLang's
+    flashmla_kv quantizes a BF16 cache first): the truth reads the same bytes, SGLang's quantizer
+    (ref_quantize_k_cache) applied to each row and FlashMLA's layout read back."""
     r2t = runner.req_to_token_pool.req_to_token
     locs = torch.where(topk_pos >= 0, r2t[reqs_per_token[:, None], topk_pos.long().clamp(min=0)].long(), -1)
-    kv = runner.token_to_kv_pool.get_key_buffer(layer_id).reshape(-1, fr.KV_DIM)
+    pool = runner.token_to_kv_pool
+    if pool.dsa_kv_cache_store_fp8:             # an FP8 pool: its own 656-byte rows
+        kv = dequant_flashmla_fp8(pool.get_key_buffer(layer_id), fr.KV_LORA)
+    else:
+        kv = pool.get_key_buffer(layer_id).reshape(-1, fr.KV_DIM)
+        if fp8:
+            kv = dequant_flashmla_fp8(ref_quantize_k_cache(kv, fr.KV_LORA), fr.KV_LORA)
     out, _ = ref_sparse_mla(q.view(-1, fr.HEADS, fr.KV_DIM), kv, locs, fr.KV_DIM ** -0.5, fr.KV_LORA)
     return out

@@ -103,7 +103,7 @@ def _decode(backend, runner, rows, seq, gen, same_topk=False):
         topk = shared if same_topk else fr.causal_topk(gen, [s - 1 for s in seq])
         q = fr.query(gen, len(rows))
         out = backend.forward_decode(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
-        want = reference(runner, li, q, torch.tensor(rows), topk)
+        want = reference(runner, li, q, torch.tensor(rows), topk, fp8=backend.dsa_decode_impl == "flashmla_kv")
         errs.append((float((out.float().reshape(want.shape) - want).abs().max()), _bound(want)))
     return errs
 
@@ -131,6 +131,9 @@ def test_gpu_fake_prefill_reads_the_right_rows_and_opens_warm_hot_buffers(gpu_fa
         for err, bound in _decode(backend, runner, rows, [p + 1 + step for p in prompts], gen):
             assert err <= bound, f"decode step {step}: {err:.3g} from the reference (bound {bound:.3g})"
     assert "flash_mla_sparse_fwd" in stub.calls
+    # flashmla_kv: SGLang quantizes the BF16 slot space to FlashMLA's FP8 rows (ref_quantize_k_cache) and
+    # the stand-in reads them back (issue 32, defect 6); the reference reads the same bytes
+    assert ("fp8_kvcache" in stub.calls) == (backend.dsa_decode_impl == "flashmla_kv")
 
 
 def test_gpu_fake_reused_request_row_never_reads_the_previous_requests_rows(gpu_fake):

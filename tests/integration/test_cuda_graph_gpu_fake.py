@@ -103,7 +103,7 @@ def _eager_step(backend, runner, rows, seq, gen):
         topk = fr.causal_topk(gen, [s - 1 for s in seq])
         q = fr.query(gen, len(rows))
         out = backend.forward_decode(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
-        want = reference(runner, li, q, torch.tensor(rows), topk)
+        want = reference(runner, li, q, torch.tensor(rows), topk, fp8=backend.dsa_decode_impl == "flashmla_kv")
         assert float((out.float().reshape(want.shape) - want).abs().max()) <= _bound(want)
 
 
@@ -166,7 +166,8 @@ class CapturedStep:
         n, BS = len(rows), self.bs  # noqa: N806
         for li in range(LAYERS):
             out = self.outs[li].float().reshape(BS, fr.HEADS, fr.KV_LORA)
-            want = reference(self.runner, li, self.q[li][:n], torch.tensor(rows), self.topk[li][:n])
+            want = reference(self.runner, li, self.q[li][:n], torch.tensor(rows), self.topk[li][:n],
+                             fp8=self.backend.dsa_decode_impl == "flashmla_kv")
             err = float((out[:n] - want).abs().max())
             assert err <= _bound(want), f"layer {li}, rows {rows}: {err:.3g} from the reference over the true rows"
             assert not out[n:].any(), f"layer {li}: padding rows' outputs are not zero"

@@ -52,6 +52,15 @@ class HostLatentPool:
         self._n_free = capacity_tokens
         self._allocated = torch.zeros(capacity_tokens, dtype=torch.bool)
 
+    def close(self) -> None:
+        """Give back the page-locking (cudaHostUnregister) once the device is done with the rows: a
+        registration outlives nothing that owns it (issue 32). The rows stay mapped; idempotent."""
+        if self.registration is None:
+            return
+        torch.cuda.synchronize()          # no queued kernel may still read or write them through UVA
+        self.registration.unregister()
+        self.registration = None
+
     # --- allocation -------------------------------------------------------------------
     @property
     def free_tokens(self) -> int:

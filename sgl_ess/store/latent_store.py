@@ -77,6 +77,7 @@ class LatentStore:
         dev = torch.device(cfg.device)
         pin = cfg.pin_host if cfg.pin_host is not None else dev.type == "cuda"
         self.device = dev
+        handed_in = host_pool
         if host_pool is None:
             host_pool = HostLatentPool(cfg.num_layers, cfg.host_capacity_tokens, cfg.row_bytes, pin=pin,
                                        lock=cfg.lock_host)
@@ -87,6 +88,7 @@ class LatentStore:
             raise ValueError("lock_host=True (--ess-lock-host-memory), but the host pool handed in is not mlocked: "
                              "build it with HostLatentPool(..., lock=True)")
         self.host = host_pool        # an engine may own it (SGLang's DSA pool allocates it, host_pool_class.py)
+        self._owns_host = handed_in is None
         self.slots = SlotSpace(cfg.num_layers, cfg.groups, cfg.hot_slots_per_request, cfg.row_bytes,
                                cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots,
                                lock=cfg.lock_host)
@@ -235,6 +237,8 @@ class LatentStore:
         if self.trace is not None:
             self.trace.close()
         self.engine.close()
+        if self._owns_host:               # a pool handed in is released by its owner
+            self.host.close()
 
     # --- host rows ----------------------------------------------------------------------
     def write_host(self, layer: int, locs: torch.Tensor, rows: torch.Tensor) -> None:

@@ -162,17 +162,18 @@ def build_store(args, batch: int):
     table = RequestTable(store)
     for i in range(batch):
         table.add(i, max_ctx)            # host rows for every position a step can select
-    fill_host(store.host.rows)
+    fill_rows(store.host.rows)
     return store, table
 
 
-def fill_host(rows: torch.Tensor, block_rows: int = 1 << 14) -> None:
+def fill_rows(rows: torch.Tensor, block_rows: int = 1 << 14) -> None:
     """Valid FP8 latent rows (the layout's own encoding of random latents: random bytes would hold
-    NaN codes and scales) in every host row, a random block repeated: seconds for tens of GB."""
+    NaN codes and scales, and zeros can time faster than data) in every row of `rows` (uint8
+    [..., 656], host or device), a random block repeated: seconds for tens of GB."""
     lay = LatentLayout("fp8_flashmla", 512, 64)
     g = torch.Generator().manual_seed(1)
     flat = rows.view(-1, rows.shape[-1])
-    block = lay.encode(torch.randn(min(block_rows, flat.shape[0]), lay.dim, generator=g))
+    block = lay.encode(torch.randn(min(block_rows, flat.shape[0]), lay.dim, generator=g)).to(rows.device)
     for start in range(0, flat.shape[0], block.shape[0]):
         n = min(block.shape[0], flat.shape[0] - start)
         flat[start:start + n].copy_(block[:n])
@@ -182,17 +183,18 @@ def ess_config(args, store, table, wl: Workload, mode: str, engine: str) -> dict
     """One overlap level with the real engine or the null one; LRU re-warmed from the trace first."""
     cuda = args.device.startswith("cuda")
     real = store.engine
+    b = wl.batch
+    reqs = torch.arange(b, device=args.device)
+    for r in range(b):
+        store.close(r)
+        store.open(r)
+    fill_rows(store.slot_rows)     # rows a null engine leaves unfetched (rings) hold data, not zeros
+    for layer, (seq, ids) in wl.warm.items():
+        store.warmup(layer, reqs, seq, ids, table.req_to_host)       # the real engine: the same rows resident
+    real.drain()
     if engine == "null":
         store.engine = NullEngine(real)
     try:
-        b = wl.batch
-        reqs = torch.arange(b, device=args.device)
-        for r in range(b):
-            store.close(r)
-            store.open(r)
-        for layer, (seq, ids) in wl.warm.items():
-            store.warmup(layer, reqs, seq, ids, table.req_to_host)
-        store.engine.drain()
         attend = wl.attend(cuda)
         parts = split_halves(b) if mode == "dba" else [slice(0, b)]
         layer_ms, step_ms, misses = [], [], None
@@ -231,10 +233,7 @@ def resident(args, wl: Workload, batch: int) -> dict:
     max_ctx = args.context + args.steps + 2
     per_layer = batch * max_ctx
     pool = torch.empty((args.layers * per_layer, 656), dtype=torch.uint8, device=args.device)
-    block = wl.lay.encode(torch.randn(1 << 14, wl.lay.dim)).to(args.device)   # real FP8 rows, repeated
-    for start in range(0, pool.shape[0], block.shape[0]):
-        n = min(block.shape[0], pool.shape[0] - start)
-        pool[start:start + n].copy_(block[:n])
+    fill_rows(pool)
     attend = wl.attend(cuda)
     base = torch.arange(batch, device=args.device).unsqueeze(1) * max_ctx
     q, part = wl.q[:batch], slice(0, batch)

@@ -24,7 +24,8 @@
 # argument, 3 when the step table breaks the budget.
 set -u
 
-BUDGET_S=480      # 8 minutes: the device's 10-minute command less 2 minutes of margin (start-up, imports)
+BUDGET_S=480      # 8 minutes: the device's 10-minute command less 2 minutes of margin (start-up, imports);
+                  # a step stuck past its limit gets 5 s more before SIGKILL: 505 s if every step hangs
 # name  timeout_s  (one step per line; their sum must stay <= BUDGET_S, checked before anything runs)
 STEP_TABLE="
 preflight     40

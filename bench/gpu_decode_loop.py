@@ -10,12 +10,16 @@ hit rates are the trace's: by default sgl_ess/prefetch/synthetic_trace.py at k 2
 context (calibrated to DeepSeek-V3.2's measured step-to-step overlap and miss peak; its reuse
 process is an assumption, said in its note), or a recorded trace (--trace, sgl_ess.topk_trace/1,
 same layers and k). The trace's `--trace-requests` requests are tiled over the batch (row i
-replays trace request i mod n; every row has its own host rows). Per layer: the newest token's
-row into its hot slot (`admit`), the indexer, `plan` (one per DBA half), attention by overlap
-level (sgl_ess/attention/overlap.decode_layer), commit.
+replays trace request i mod n). Per layer: the newest token's row into its hot slot (`admit`),
+the indexer, `plan` (one per DBA half), attention by overlap level
+(sgl_ess/attention/overlap.decode_layer), commit.
 
-Batch: up to the device budget (--device-budget-gb over N slots x 656 B x layers per request),
-the host budget (--host-budget-gb over the context's host rows) and --max-batch.
+Batch: up to the device budget (--device-budget-gb over N slots x 656 B x layers per request)
+and --max-batch. Host rows: as many row sets of the whole context as --host-budget-gb holds (the
+lent machine's 128 GiB and the time to page-lock them bound it, not the method); request i reads
+set i mod S, with S coprime with the trace's request count, so requests sharing a set replay
+different trace requests and never fetch the same host row in one step (batch <= lcm). Each
+request has its own hot buffer, LRU state and fetches.
 
 Measured, per overlap level none / da / dba (CUDA events at every layer boundary of the compute
 stream, one host sync per step; median over --steps after one warm-up step, LRU re-warmed from
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -48,7 +53,7 @@ import torch
 from bench.prefetch_bench import NullEngine
 from sgl_ess.attention.overlap import decode_layer, split_halves
 from sgl_ess.kernels.latent_layout import LatentLayout
-from sgl_ess.store import LatentStore, RequestTable, StoreConfig
+from sgl_ess.store import LatentStore, StoreConfig
 
 MODES = ("none", "da", "dba")
 INDEX_DIM = 128                   # the lightning indexer's head dim
@@ -152,18 +157,31 @@ def _alloc_bytes(cuda: bool) -> int:
     return 0
 
 
-def build_store(args, batch: int):
+def host_row_sets(batch: int, fit_host: int, trace_requests: int) -> int:
+    """Distinct host row sets: as many as the host budget holds (at most one per request), coprime
+    with the trace's request count, so requests that share host rows replay different trace
+    requests (no two of the first lcm(sets, trace requests) fetch the same row in one step)."""
+    sets = max(1, min(batch, fit_host))
+    while sets > 1 and math.gcd(sets, trace_requests) != 1 and sets < batch:
+        sets -= 1
+    return sets
+
+
+def build_store(args, batch: int, sets: int):
+    """The store with `batch` request rows and `sets` x max_context host rows per layer; request i
+    reads host row set i mod sets (req_to_host int64 [batch, max_context] on the store's device)."""
     cuda = args.device.startswith("cuda")
     max_ctx = args.context + args.steps + 2
-    cfg = StoreConfig(num_layers=args.layers, row_bytes=656, host_capacity_tokens=batch * max_ctx,
+    cfg = StoreConfig(num_layers=args.layers, row_bytes=656, host_capacity_tokens=sets * max_ctx,
                       hot_slots_per_request=args.slots, max_requests=batch, topk=args.k, max_context_tokens=max_ctx,
                       device=args.device, resolver_backend="auto" if cuda else "torch")
     store = LatentStore(cfg, engine="stream" if cuda else "inline")
-    table = RequestTable(store)
+    pos = torch.arange(max_ctx, device=store.device)
+    req_to_host = torch.stack([(i % sets) * max_ctx + pos for i in range(batch)])
     for i in range(batch):
-        table.add(i, max_ctx)            # host rows for every position a step can select
+        store.open(i)
     fill_rows(store.host.rows)
-    return store, table
+    return store, req_to_host
 
 
 def fill_rows(rows: torch.Tensor, block_rows: int = 1 << 14) -> None:
@@ -179,7 +197,7 @@ def fill_rows(rows: torch.Tensor, block_rows: int = 1 << 14) -> None:
         flat[start:start + n].copy_(block[:n])
 
 
-def ess_config(args, store, table, wl: Workload, mode: str, engine: str) -> dict:
+def ess_config(args, store, req_to_host, wl: Workload, mode: str, engine: str) -> dict:
     """One overlap level with the real engine or the null one; LRU re-warmed from the trace first."""
     cuda = args.device.startswith("cuda")
     real = store.engine
@@ -190,7 +208,7 @@ def ess_config(args, store, table, wl: Workload, mode: str, engine: str) -> dict
         store.open(r)
     fill_rows(store.slot_rows)     # rows a null engine leaves unfetched (rings) hold data, not zeros
     for layer, (seq, ids) in wl.warm.items():
-        store.warmup(layer, reqs, seq, ids, table.req_to_host)       # the real engine: the same rows resident
+        store.warmup(layer, reqs, seq, ids, req_to_host)       # the real engine: the same rows resident
     real.drain()
     if engine == "null":
         store.engine = NullEngine(real)
@@ -208,7 +226,7 @@ def ess_config(args, store, table, wl: Workload, mode: str, engine: str) -> dict
                 plans = []
                 for i, part in enumerate(parts):
                     wl.indexer(part)
-                    plans.append(store.plan(layer, reqs[part], lens[part], topk[layer][part], table.req_to_host,
+                    plans.append(store.plan(layer, reqs[part], lens[part], topk[layer][part], req_to_host,
                                             micro_batch=i, validate=False))
                 decode_layer(store, mode, wl.q, plans, attend)
             marks.mark(args.layers)
@@ -269,10 +287,11 @@ def main() -> int:
     p.add_argument("--index-heads", type=int, default=64, help="indexer heads (DeepSeek-V3.2: 64)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--device-budget-gb", type=float, default=40.0, help="device bytes for latent rows (1e9 B)")
-    p.add_argument("--host-budget-gb", type=float, default=40.0, help="host bytes for latent rows (1e9 B)")
+    p.add_argument("--host-budget-gb", type=float, default=12.0,
+                   help="host bytes for latent rows (1e9 B); fewer host row sets than requests are shared")
     p.add_argument("--steps", type=int, default=3, help="timed decode steps per configuration (+1 warm-up)")
     p.add_argument("--trace", metavar="FILE", help="a recorded sgl_ess.topk_trace/1 file (default: synthetic)")
-    p.add_argument("--trace-requests", type=int, default=4, help="synthetic trace requests tiled over the batch")
+    p.add_argument("--trace-requests", type=int, default=8, help="synthetic trace requests tiled over the batch")
     p.add_argument("--warmup-sets", type=int, default=8, help="synthetic trace: prefill top-k sets per layer")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -282,9 +301,11 @@ def main() -> int:
     row_bytes, max_ctx = 656, args.context + args.steps + 2
     fit_dev = int(args.device_budget_gb * 1e9 // (args.layers * args.slots * row_bytes))
     fit_host = int(args.host_budget_gb * 1e9 // (args.layers * max_ctx * row_bytes))
-    batch = min(args.max_batch, fit_dev, fit_host)
+    batch = min(args.max_batch, fit_dev)
+    sets = host_row_sets(batch, fit_host, args.trace_requests)
     res = {"args": vars(args), "measured": cuda,
-           "batch": {"ess": batch, "max_batch": args.max_batch, "device_budget_fit": fit_dev, "host_budget_fit": fit_host}}
+           "batch": {"ess": batch, "max_batch": args.max_batch, "device_budget_fit": fit_dev, "host_budget_fit": fit_host,
+                     "host_row_sets": sets}}
     if not cuda:
         res["note"] = "CPU dry run: tiny shapes, inline engine, torch attention reference; not a measurement"
 
@@ -293,7 +314,7 @@ def main() -> int:
             json.dump(res, fh, indent=1)
 
     if batch < 2:
-        res["error"] = f"batch {batch} < 2 (DBA needs two halves): raise --device-budget-gb / --host-budget-gb"
+        res["error"] = f"batch {batch} < 2 (DBA needs two halves): raise --device-budget-gb or --max-batch"
         save()
         return 1
     t0 = time.perf_counter()
@@ -303,7 +324,7 @@ def main() -> int:
     wl = Workload(args, warm, steps, batch)
     before = _alloc_bytes(cuda)
     t0 = time.perf_counter()
-    store, table = build_store(args, batch)
+    store, req_to_host = build_store(args, batch, sets)
     res["store_build_s"] = round(time.perf_counter() - t0, 1)      # host pool: populate, register, fill
     save()
     print(f"[decode loop] batch {batch}, {args.layers} layers, k {args.k}, N {args.slots}, context {args.context}; "
@@ -312,7 +333,7 @@ def main() -> int:
     try:
         for mode in MODES:
             for engine in ("null", "real"):
-                r = ess_config(args, store, table, wl, mode, engine)
+                r = ess_config(args, store, req_to_host, wl, mode, engine)
                 if "device_bytes" not in res["batch"]:     # after the first step: lazy scratch included
                     res["batch"]["device_bytes"] = (_alloc_bytes(cuda) - before) if cuda else \
                         int(store.slot_rows.numel() * store.slot_rows.element_size())
@@ -337,7 +358,7 @@ def main() -> int:
               f"{sum(null['layer_ms']):8.2f} ms, exposed fetch {sum(exposed):7.2f} ms, {sps * batch:9.1f} tokens/s",
               flush=True)
     res["hit_rate_per_layer"] = [1.0 - m / args.k for m in by[("none", "real")]["misses_per_request_per_layer"]]
-    del store, table
+    del store, req_to_host
     res_batch = int(res["batch"]["device_bytes"] // (args.layers * max_ctx * row_bytes))
     if res_batch < 1:
         res["resident"] = {"skipped": f"fewer than one request's {max_ctx} rows x {args.layers} layers fits in the "

@@ -157,8 +157,8 @@ def _attribute(name: str, device: int = 0) -> dict:
 
     try:
         drv = cuda_api.driver()
-    except RuntimeError as e:
-        return {"name": name, "error": str(e)}
+    except Exception as e:  # noqa: BLE001 - cuda-python missing or broken: the reading is the error
+        return {"name": name, "error": f"{type(e).__name__}: {e}"}
     enum = getattr(drv.CUdevice_attribute, name, None)
     if enum is None:
         return {"name": name, "error": "not in this cuda-python's CUdevice_attribute"}
@@ -166,8 +166,8 @@ def _attribute(name: str, device: int = 0) -> dict:
         cuda_api.check(drv.cuInit(0), "cuInit", "")
         dev = cuda_api.check(drv.cuDeviceGet(device), f"cuDeviceGet({device})", "")
         val = cuda_api.check(drv.cuDeviceGetAttribute(enum, dev), f"cuDeviceGetAttribute({name})", "")
-    except RuntimeError as e:
-        return {"name": name, "number": int(enum), "error": str(e)}
+    except Exception as e:  # noqa: BLE001 - no driver, or a call refused: said, not raised
+        return {"name": name, "number": int(enum), "error": f"{type(e).__name__}: {e}"}
     return {"name": name, "number": int(enum), "value": int(val)}
 
 

@@ -8,16 +8,24 @@ link. With it, rank r reads the plan entries i with i % tp == r, and the group a
 read (on a GPU that is NVLink, beside PCIe), so each rank's host reads drop to 1/tp of the misses.
 
 How: a FetchEngine around the store's own engine. Immediate host -> slot plans (a step's misses) are
-split at ``submit`` (the other ranks' entries set to -1: static shapes); at ``wait`` - where the step
-needs its rows - this rank's rows are gathered from the slot space into a buffer of ceil(M / tp) rows,
-the group's collective all-gathers the buffers, and the other ranks' rows are scattered to the same
-slot rows (and, for engines that check ring tags, tagged with the plan's sequence number). Every other
-plan (warmups, commits, zeroing, speculative staging) passes through unchanged. Every rank waits for
-every immediate plan in the same order (the store's lifecycle does: plan, then land), so the
-collectives match; a plan never waited for is never exchanged and its rows are never read.
+split at ``submit``: the plan's valid entries (its misses: a hit's entry is -1) are numbered in order,
+j = 0..V-1, and entry j belongs to rank j % tp at exchange row j // tp - every rank computes the same
+numbering from the same plan, so nobody needs another rank's counts. Only the misses are exchanged (issue
+32: the exchange carried all b * k plan entries, 86 MB per layer at b 64, k 2048, most of them hits):
+`cap` exchange rows per rank, static shapes. On host engines cap = ceil(V / tp), V read on the host (they
+sync there anyway); on device engines V is not known on the host without a sync, so cap is `cap_rows`
+(constructor), or ceil(M / tp) for a plan of M entries (then every miss fits). A miss whose exchange row
+is >= cap is read from host memory by every rank itself: exact whatever the cap. At ``wait`` - where the
+step needs its rows - this rank's rows are gathered from the slot space into a [cap, row_bytes] buffer,
+the group's collective all-gathers the buffers, and the other ranks' rows are scattered to the same slot
+rows (and, for engines that check ring tags, tagged with the plan's sequence number). Every other plan
+(warmups, commits, zeroing, speculative staging) passes through unchanged. Every rank waits for every
+immediate plan in the same order (the store's lifecycle does: plan, then land), so the collectives match;
+a plan never waited for is never exchanged and its rows are never read. `stats()["split_fetch"]` counts
+the rows and bytes each rank received through the collective.
 
-Memory: a [ceil(M / tp), row_bytes] send buffer and the [tp, ceil(M / tp), row_bytes] gathered rows per
-exchange (short-lived); borrows the inner engine's StoreMemory.
+Memory: a [cap, row_bytes] send buffer and the [tp, cap, row_bytes] gathered rows per exchange
+(short-lived); borrows the inner engine's StoreMemory.
 """
 from __future__ import annotations
 
@@ -34,17 +42,23 @@ from sgl_ess.prefetch.plan import CopyPlan
 
 class SplitFetch(FetchEngine):
     def __init__(self, inner: FetchEngine, rank: int, size: int,
-                 all_gather: Callable[[torch.Tensor], torch.Tensor]):
-        """`all_gather(t [n, B] uint8) -> [size, n, B]`: the group's collective (the same on every rank)."""
+                 all_gather: Callable[[torch.Tensor], torch.Tensor], cap_rows: int | None = None):
+        """`all_gather(t [n, B] uint8) -> [size, n, B]`: the group's collective (the same on every rank).
+        `cap_rows`: exchange rows per rank on a device engine (the same on every rank; None: every miss)."""
         if not 0 <= rank < size or size < 2:
             raise ValueError(f"SplitFetch: rank {rank} of {size}: expected 0 <= rank < size and size >= 2")
+        if cap_rows is not None and cap_rows < 1:
+            raise ValueError(f"SplitFetch: cap_rows={cap_rows}: expected >= 1 (or None: every miss exchanged)")
+        self.cap_rows = cap_rows
         super().__init__(inner.mem, inner.backend)
         self.inner, self.rank, self.size, self.all_gather = inner, rank, size, all_gather
         self.name = inner.name
         self.ordered_on_device = inner.ordered_on_device
         self.synchronous = inner.synchronous
-        self._pending: dict[int, CopyPlan] = {}
+        self._pending: dict[int, tuple[CopyPlan, int]] = {}     # plan id -> (the whole plan, its cap)
         self.exchanges = 0
+        self.rows_exchanged = 0                  # rows each rank received from the collective (all ranks')
+        self.bytes_exchanged = 0
         self.rows_own = 0 if not inner.ordered_on_device else None      # counted on host engines only
         self.rows_received = 0 if not inner.ordered_on_device else None
 
@@ -56,19 +70,24 @@ class SplitFetch(FetchEngine):
     def submit(self, plan: CopyPlan) -> Ticket:
         if plan.kind != "h2s" or plan.tier != "immediate":
             return self.inner.submit(plan)
-        mine = self._mine(plan.dst_idx.numel(), plan.dst_idx.device)
+        valid = (plan.src_idx >= 0) & (plan.dst_idx >= 0)
+        cap = self._cap(valid)
+        owner, row = self._numbering(valid)
+        mine = valid & (((owner == self.rank) & (row < cap)) | (row >= cap))   # my share, and every overflow
         sub = dataclasses.replace(plan, src_idx=torch.where(mine, plan.src_idx, -1),
                                   dst_idx=torch.where(mine, plan.dst_idx, -1))
         ticket = self.inner.submit(sub)
         plan.plan_id = sub.plan_id
-        self._pending[ticket.plan_id] = plan
+        self._pending[ticket.plan_id] = (plan, cap)
+        if not self.inner.ordered_on_device:
+            self.rows_own += int(mine.sum())
         return ticket
 
     def wait(self, ticket: Ticket) -> None:
         self.inner.wait(ticket)
-        plan = self._pending.pop(ticket.plan_id, None)
-        if plan is not None:
-            self._exchange(plan)
+        pending = self._pending.pop(ticket.plan_id, None)
+        if pending is not None:
+            self._exchange(*pending)
 
     def done(self, ticket: Ticket) -> bool:
         return ticket.plan_id not in self._pending and self.inner.done(ticket)
@@ -86,41 +105,47 @@ class SplitFetch(FetchEngine):
     def stats(self) -> dict:
         s = self.inner.stats()
         s["split_fetch"] = {"rank": self.rank, "size": self.size, "exchanges": self.exchanges,
-                            "rows_own": self.rows_own, "rows_received": self.rows_received}
+                            "rows_own": self.rows_own, "rows_received": self.rows_received,
+                            "rows_exchanged": self.rows_exchanged, "bytes_exchanged": self.bytes_exchanged}
         return s
 
     # --- internals -----------------------------------------------------------------------
-    def _mine(self, n: int, device) -> torch.Tensor:
-        return torch.arange(n, device=device) % self.size == self.rank
+    def _cap(self, valid: torch.Tensor) -> int:
+        """Exchange rows per rank for a plan (the same on every rank: the plans are the same)."""
+        if not self.inner.ordered_on_device:
+            return -(-int(valid.sum()) // self.size)          # the misses' count: a host engine syncs anyway
+        every = -(-valid.numel() // self.size)
+        return every if self.cap_rows is None else min(self.cap_rows, every)
 
-    def _exchange(self, plan: CopyPlan) -> None:
+    def _numbering(self, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per plan entry: the rank that exchanges it and its row in that rank's buffer (valid entries
+        numbered in order, j -> rank j % size, row j // size; invalid entries get row -1)."""
+        j = torch.cumsum(valid.to(torch.int64), 0) - 1
+        return j % self.size, torch.where(valid, j // self.size, -1)
+
+    def _exchange(self, plan: CopyPlan, cap: int) -> None:
         """This rank's fetched rows to every rank, every other rank's into this rank's slot space."""
-        mem, size = self.mem, self.size
-        src, dst = plan.src_idx, plan.dst_idx
-        n = dst.numel()
-        if n == 0:                  # a compacted plan with nothing to move: empty on every rank alike
+        if cap == 0:                # no miss (host engines know): nothing to exchange, on every rank alike
             return
-        per = -(-n // size)
-        valid = (src >= 0) & (dst >= 0)
-        dst_v = torch.where(valid, dst, -1)
-        if per * size != n:
-            dst_v = torch.cat([dst_v, dst_v.new_full((per * size - n,), -1)])
-        grid = dst_v.view(per, size).t()                # [size, per]: entry i is [i % size, i // size]
-        rows = torch.arange(per, device=dst.device)
-        send = torch.zeros((per, mem.slots.shape[1]), dtype=mem.slots.dtype, device=mem.slots.device)
-        copy_rows(mem.slots, grid[self.rank], send, torch.where(grid[self.rank] >= 0, rows, -1), self.backend)
-        got = self.all_gather(send).reshape(size * per, -1)         # [size * per, B]
-        others = grid.clone()
-        others[self.rank] = -1
-        flat = others.reshape(-1)
-        at = torch.arange(flat.numel(), device=flat.device)
-        copy_rows(got, torch.where(flat >= 0, at, -1), mem.slots, flat, self.backend)
+        mem, size = self.mem, self.size
+        valid = (plan.src_idx >= 0) & (plan.dst_idx >= 0)
+        owner, row = self._numbering(valid)
+        swapped = valid & (row < cap)                           # entries that go through the collective
+        send_rows = swapped & (owner == self.rank)
+        send = torch.zeros((cap, mem.slots.shape[1]), dtype=mem.slots.dtype, device=mem.slots.device)
+        copy_rows(mem.slots, torch.where(send_rows, plan.dst_idx, -1), send, torch.where(send_rows, row, -1),
+                  self.backend)
+        got = self.all_gather(send).reshape(size * cap, -1)         # [size * cap, B]
+        recv = swapped & (owner != self.rank)
+        recv_dst = torch.where(recv, plan.dst_idx, -1)
+        copy_rows(got, torch.where(recv, owner * cap + row, -1), mem.slots, recv_dst, self.backend)
         self.exchanges += 1
+        self.rows_exchanged += size * cap
+        self.bytes_exchanged += size * cap * mem.slots.shape[1]
         if not self.ordered_on_device:       # host engines: land() checks ring tags (host syncs are fine here)
-            self.rows_own += int((grid[self.rank] >= 0).sum())
-            self.rows_received += int((flat >= 0).sum())
+            self.rows_received += int(recv.sum())
             if plan.tag_seq >= 0:
-                tag_ring_rows(mem, flat, plan.tag_seq)
+                tag_ring_rows(mem, recv_dst, plan.tag_seq)
 
 
 def torch_all_gather(group=None) -> Callable[[torch.Tensor], torch.Tensor]:

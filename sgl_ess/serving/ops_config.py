@@ -16,6 +16,10 @@ in ``SGLESS_OPS``. No torch, no sglang.
 | guard_blocking_timeout_s   | 30.0    | how long one of those may take before the client gets a 504      |
 | guard_operator_output_dir  | ""      | the only directory request dumps and profiler traces may go to   |
 | ess_drain_timeout_s        | 30.0    | after SIGTERM: how long running requests may finish, then exit 0 |
+| guard_max_pattern_kb       | 64      | each stop_regex / regex / json_schema / ebnf / structural tag     |
+| guard_allow_backtracking_stop_regex | false | stop_regex RE2 cannot compile goes to Python re (budgeted) |
+| guard_pattern_budget_ms    | 250     | one request's stop_regex evaluation in one scheduler step        |
+| guard_step_watchdog_s      | 30.0    | one scheduler step, before it is logged and /health says so      |
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ class OpsConfig:
     guard_blocking_timeout_s: float = 30.0
     guard_operator_output_dir: str = ""
     ess_drain_timeout_s: float = 30.0
+    guard_max_pattern_kb: float = 64.0
+    guard_allow_backtracking_stop_regex: bool = False
+    guard_pattern_budget_ms: float = 250.0
+    guard_step_watchdog_s: float = 30.0
     # filled by the launcher, not flags
     enable_metrics: bool = False
     enable_deterministic_inference: bool = False
@@ -72,11 +80,22 @@ HELP = {
                                  "there are refused.",
     "ess_drain_timeout_s": "After SIGTERM: new requests get 503 at once; running ones may finish for this many "
                            "seconds, then every stream ends with an error event and the server exits 0.",
+    "guard_max_pattern_kb": "Largest client pattern in KiB: each stop_regex, and a regex / json_schema / ebnf / "
+                            "structural-tag grammar (the grammar compile cannot be interrupted); larger is a 400.",
+    "guard_allow_backtracking_stop_regex": "Accept stop_regex patterns RE2 cannot compile (backreferences, "
+                                           "lookaround) and evaluate them with Python re, bounded only by "
+                                           "--guard-pattern-budget-ms. Default: refused with 400.",
+    "guard_pattern_budget_ms": "Milliseconds one request's stop_regex patterns may take in one scheduler step; "
+                               "a request over it is aborted with an error naming this budget.",
+    "guard_step_watchdog_s": "Seconds one scheduler step may take before the watchdog logs its requests, /health "
+                             "answers 503 saying why (until the step ends), and a request whose stop_regex is "
+                             "being evaluated is aborted.",
 }
 FLAG_FIELDS = tuple(HELP)
 MINIMUM = {"guard_max_n": 1, "guard_max_batch": 1, "guard_max_top_logprobs": 0, "metrics_link_gb_per_s": 1e-9,
            "health_timeout_s": 0.1, "guard_max_body_mb": 1e-3, "guard_blocking_timeout_s": 0.1,
-           "ess_drain_timeout_s": 0.0}
+           "ess_drain_timeout_s": 0.0, "guard_max_pattern_kb": 0.001, "guard_pattern_budget_ms": 1.0,
+           "guard_step_watchdog_s": 0.1}
 
 
 def add_ops_args(parser: argparse.ArgumentParser) -> None:

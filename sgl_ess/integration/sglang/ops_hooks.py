@@ -14,6 +14,10 @@
     keeps SGLang's seeded sampling (``sampling_seed``) and skips them, with a warning that
     outputs can still depend on what else is in the batch.
   * every log record of the process is redacted of secret-shaped values (log_redaction.py).
+  * ``Req._check_str_based_finish`` AROUND (launcher-started servers): stop_regex with RE2 within
+    a per-request budget (observe/pattern_eval.py, issue 38); ``Scheduler.run_batch`` /
+    ``process_batch_result`` AROUND: the step watchdog (observe/scheduler_watchdog.py);
+    ``BaseGrammarBackend._init_value_dispatch`` AFTER: a grammar admitting no output is a 400.
   * internal state AFTER hook: adds ``ess_ops`` (token pool live / cached / free, queue) next to
     the store's ``ess`` usage, for /ess/status, /health and the metrics.
 """
@@ -104,3 +108,13 @@ def load_plugin() -> None:
     HookRegistry.register(targets.SCHEDULER_INIT_INFO, _after_get_init_info, HookType.AFTER)
     HookRegistry.register(targets.INTERNAL_STATE, _after_internal_state, HookType.AFTER)
     HookRegistry.register(targets.BATCH_INVARIANT_MODE, _around_batch_invariant_mode, HookType.AROUND)
+    import os
+
+    from sgl_ess.serving.ops_config import ENV_OPS_JSON
+
+    if os.environ.get(ENV_OPS_JSON):                 # a server started by sgl_ess.launch_server
+        from .observe import grammar_check, pattern_eval, scheduler_watchdog
+
+        pattern_eval.register()                      # stop_regex: RE2 within a per-request budget
+        scheduler_watchdog.register()                # a step over --guard-step-watchdog-s: logged, /health
+        grammar_check.register()                     # a grammar that admits no output: 400, not 500

@@ -41,8 +41,11 @@ DSA_POOL_LOAD_CPU_COPY = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.load
 NEXTN_POST_LOAD = "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN.post_load_weights"
 SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 SCHEDULER_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+SCHEDULER_PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 SCHEDULER_ALLOCATABLE = "sglang.srt.managers.scheduler.Scheduler.get_num_allocatable_reqs"
 BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
+STOP_STR_CHECK = "sglang.srt.managers.schedule_batch.Req._check_str_based_finish"
+GRAMMAR_COMPILE = "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend._init_value_dispatch"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
 # versions in backends/eagle_cpu_kernels.py. The names exist only in CPU-engine processes (SGLANG_USE_CPU_ENGINE=1,
@@ -79,7 +82,9 @@ PATCHED = {
     INTERNAL_STATE: "AFTER (three hooks): ESS host-pool / hot-buffer usage (ess), the pool split / queue "
                     "(ess_ops) and the EAGLE draft runner's store (ess.draft) into the scheduler's internal state",
     SCHEDULER_INIT_INFO: "AFTER: once per scheduler when it is ready: memory report, metrics thread",
-    SCHEDULER_RUN_BATCH: "AFTER (--ess-slo-tpot-ms only): the end of each decode step, the SLO controller's sample",
+    SCHEDULER_RUN_BATCH: "AFTER (--ess-slo-tpot-ms only): the end of each decode step, the SLO controller's sample; "
+                         "AROUND (launcher-started processes): the step watchdog times it (scheduler_watchdog.py)",
+    SCHEDULER_PROCESS_RESULT: "AROUND (launcher-started processes): the step watchdog times it (scheduler_watchdog.py)",
     SCHEDULER_ALLOCATABLE: "AROUND (--ess-slo-tpot-ms only): new requests admitted up to the SLO controller's cap",
     BATCH_INVARIANT_MODE: "AROUND: without CUDA/XPU, deterministic mode skips SGLang's GPU-only batch-invariant "
                           "kernels (seeded sampling stays on)",
@@ -97,6 +102,10 @@ PATCHED = {
     DSA_POOL_LOAD_CPU_COPY: "AROUND (no CUDA): its restore when the retracted request resumes; the same",
     NEXTN_POST_LOAD: "BEFORE: with SGLESS_DUMMY_INIT=scaled, shape the embedded model's random MTP layer "
                      "(sgl_ess/models/mtp_init.py) so drafts are sometimes accepted",
+    STOP_STR_CHECK: "AROUND (launcher-started processes): stop_regex searched with RE2, or Python re under a "
+                    "deadline, within --guard-pattern-budget-ms per request and step (observe/pattern_eval.py)",
+    GRAMMAR_COMPILE: "AFTER (launcher-started processes): a compiled grammar whose start allows no token becomes "
+                     "SGLang's InvalidGrammarObject (a 400, not a 500 at the first step; observe/grammar_check.py)",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
 }
 

@@ -30,7 +30,7 @@ GEO = ModelGeometry(layers=2, latent_row_bytes=160, index_topk=32, vocab_size=20
     ("/generate", {"text": ["a", ""]}, "text[1]"),
     ("/generate", {"input_ids": [3, 5000]}, "input_ids[1]"),
     ("/generate", {"text": "a", "sampling_params": {"n": 0}}, "sampling_params.n"),
-    ("/generate", {"text": "a", "sampling_params": [{}, {"sampling_seed": 3}]}, "sampling_params[1].sampling_seed"),
+    ("/generate", {"text": ["a", "b"], "sampling_params": [{}, {"sampling_seed": 3}]}, "sampling_params[1].sampling_seed"),
     ("/generate", {"text": "a", "top_logprobs_num": 100000}, "top_logprobs_num"),
 ])
 def test_refusals_name_the_field(path, body, param):

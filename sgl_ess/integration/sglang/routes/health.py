@@ -5,6 +5,8 @@ says 200, every scheduler is asked for its ESS state (the internal-state channel
 ``--health-timeout-s``) and the answer is 503 if
   * a scheduler does not answer in time,
   * ESS is configured on but a scheduler has no ESS store (the backend did not build it),
+  * a scheduler step has run longer than ``--guard-step-watchdog-s`` (scheduler_watchdog.py; asked
+    first, without waiting for SGLang: the stuck scheduler could not answer),
   * the store reports its prefetch engine not running (``usage()["prefetch"]["state"] == "closed"``,
     or ``worker_alive`` False). A worker that fell back to inline fetches (state "inline") still
     serves: 200, and the body shows the state and the last fault.
@@ -21,6 +23,7 @@ import logging
 from sgl_ess.config import config_from_env
 
 from ..observe.scheduler_state import merged
+from ..observe.scheduler_watchdog import stall_reasons
 
 logger = logging.getLogger("sgl_ess.health")
 
@@ -58,6 +61,9 @@ class EssHealthMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("path") != "/health" or scope.get("method") != "GET":
             return await self.app(scope, receive, send)
+        stalled = stall_reasons()                     # a scheduler stuck in one step cannot answer below
+        if stalled:
+            return await self._answer(send, False, "; ".join(stalled), [])
         status = {}
 
         async def capture(message):
@@ -70,6 +76,9 @@ class EssHealthMiddleware:
         if status.get("code") != 200:
             return
         ok, reason, schedulers = await self._ess()
+        await self._answer(send, ok, reason, schedulers)
+
+    async def _answer(self, send, ok: bool, reason: str, schedulers: list) -> None:
         if not ok:
             logger.warning("health: 503: %s", reason)
         body = json.dumps({"status": "ok" if ok else "unhealthy", "reason": reason or None,

@@ -1,9 +1,13 @@
 """The request guard: an ASGI middleware in front of SGLang's FastAPI app (official seam:
 ``sglang.srt.entrypoints.http_server.app``), installed by the launcher before the server starts.
 
-Inbound: bodies of /v1/completions, /v1/chat/completions and /generate (any method) are checked by
-``sgl_ess.serving.request_rules`` and refused with a 400 (404 for an unknown model) that names the
-field and the allowed range; the scheduler never sees them. Accepted bodies are replayed to SGLang
+Inbound: bodies of /v1/completions, /v1/chat/completions, /generate (any method) and
+/v1/detokenize are checked by ``sgl_ess.serving.request_rules`` and refused with a 400 (404 for an
+unknown model) that names the field and the allowed range; the scheduler never sees them. That
+includes every client pattern (``pattern_bound.py``: stop_regex compiles with RE2, grammars bounded
+in size), object fields of the wrong type or nested too deep, a ``sampling_params`` list that does
+not match the prompts, and a prompt that cannot fit the context (``prompt_bound.py``), the last
+before anything is tokenized. Accepted bodies are replayed to SGLang
 unchanged. The same rules also run in the tokenizer manager on every route's request object
 (tokenizer.py), so other routes (/invocations, /vertex_generate, ...) cannot walk around them.
 Outbound: every JSON error body (any route, any status >= 400) and every streamed
@@ -36,9 +40,11 @@ def serving_facts(deterministic: bool) -> Optional[ServingFacts]:
         return None
     tm = state.tokenizer_manager
     names = [getattr(tm, "served_model_name", None), DEFAULT_MODEL_NAME, getattr(tm, "model_path", None)]
+    names = tuple(dict.fromkeys(n for n in names if n))
+    if hasattr(tm, "ess_facts"):                         # EssTokenizerManager: also the prompt-length bound
+        return tm.ess_facts(names, deterministic)
     vocab = getattr(getattr(tm, "model_config", None), "vocab_size", None)
-    return ServingFacts(vocab_size=vocab, model_names=tuple(dict.fromkeys(n for n in names if n)),
-                        deterministic=deterministic)
+    return ServingFacts(vocab_size=vocab, model_names=names, deterministic=deterministic)
 
 
 async def _send_json(send, status: int, payload: bytes) -> None:

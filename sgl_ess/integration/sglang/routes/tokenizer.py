@@ -15,8 +15,10 @@ SGLang turns into a 400 before anything is sent to the scheduler (on a decode no
 (``sgl_ess.serving.request_rules``: ``n``, ``top_logprobs_num``, batch size, token ids) to the
 request object itself, so no route or HTTP method can walk around them.
 
-``_tokenize_texts``: a prompt longer than ``OFF_LOOP_CHARS`` is tokenized in a worker thread, so
-one huge prompt does not stall every other client on the HTTP event loop.
+``_tokenize_texts``: a text that cannot fit the context (``sgl_ess.serving.prompt_bound``: at least
+ceil(characters / the most characters one token covers) tokens) is refused before it is tokenized;
+a prompt longer than ``OFF_LOOP_CHARS`` is tokenized in a worker thread, so one huge prompt does
+not stall every other client on the HTTP event loop.
 
 ``sigterm_watchdog``: the bounded drain of shutdown.py (``--ess-drain-timeout-s``), then SGLang's
 own exit path.
@@ -35,6 +37,7 @@ from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sgl_ess.config import config_from_env
 from sgl_ess.serving.admission import refuse_reason
 from sgl_ess.serving.ops_config import ops_from_env
+from sgl_ess.serving.prompt_bound import max_chars_from_tokenizer, prompt_too_long
 from sgl_ess.serving.request_rules import ServingFacts, check_generate_fields
 
 from ..launcher import crash_handler, shutdown
@@ -43,7 +46,7 @@ from .status_route import ENV_POOL_SIZING
 logger = logging.getLogger("sgl_ess.admission")
 _DEFAULT_MAX_NEW_TOKENS = 128   # SGLang's SamplingParams default when the key is absent
 OFF_LOOP_CHARS = 64 * 1024      # longer prompts are tokenized off the event loop
-_RULE_FIELDS = ("text", "input_ids", "sampling_params", "top_logprobs_num")
+_RULE_FIELDS = ("text", "input_ids", "input_embeds", "sampling_params", "top_logprobs_num")
 
 
 def _pool_tokens() -> int | None:
@@ -68,13 +71,26 @@ class EssTokenizerManager(TokenizerManager):
         mode = str(getattr(self.server_args, "disaggregation_mode", "null") or "null")
         self._role = mode if mode in ("prefill", "decode") else "colocated"
         self._reserved_decode = int(getattr(self.server_args, "num_reserved_decode_tokens", 0) or 0)
+        self.ess_max_chars_per_token = None                    # None: prompts judged after tokenization only
+        self._ess_truncates = bool(getattr(self.server_args, "allow_auto_truncate", False))
+        if self.tokenizer is not None and not self._ess_truncates:
+            self.ess_max_chars_per_token, why = max_chars_from_tokenizer(self.tokenizer)
+            logger.info("prompt length before tokenization: %s (%s)", f"at most {self.ess_max_chars_per_token} "
+                        f"characters per token" if self.ess_max_chars_per_token else "not bounded", why)
+
+    def ess_facts(self, model_names=(), deterministic=None) -> ServingFacts:
+        """What the guard's rules need, from this tokenizer manager."""
+        return ServingFacts(vocab_size=getattr(self.model_config, "vocab_size", None), model_names=tuple(model_names),
+                            deterministic=self._ops.enable_deterministic_inference if deterministic is None
+                            else deterministic,
+                            context_len=None if self._ess_truncates else getattr(self, "context_len", None),
+                            max_chars_per_token=self.ess_max_chars_per_token)
 
     def _rule_refusal(self, obj):
         """The guard's field rules on the request object, whatever route or method built it."""
         if not hasattr(obj, "return_logprob"):
             return None                                          # embeddings: no sampling fields
-        facts = ServingFacts(vocab_size=getattr(self.model_config, "vocab_size", None), model_names=(),
-                             deterministic=self._ops.enable_deterministic_inference)
+        facts = self.ess_facts()
         fields = {k: getattr(obj, k, None) for k in _RULE_FIELDS}
         return check_generate_fields(fields, self._ops, facts)
 
@@ -88,6 +104,12 @@ class EssTokenizerManager(TokenizerManager):
 
     async def _tokenize_texts(self, texts, is_cross_encoder: bool = False):
         parts = [texts] if isinstance(texts, str) else texts if isinstance(texts, list) else []
+        for t in parts:                                   # every route's text, before it is tokenized
+            why = isinstance(t, str) and self.ess_max_chars_per_token and prompt_too_long(
+                len(t), getattr(self, "context_len", None), self.ess_max_chars_per_token)
+            if why:
+                logger.info("admission: refused before tokenization: %s", why)
+                raise ValueError(f"The input {why}")
         size = sum(len(t) for t in parts if isinstance(t, str))
         if size < OFF_LOOP_CHARS or self.async_dynamic_batch_tokenizer is not None:
             return await super()._tokenize_texts(texts, is_cross_encoder)

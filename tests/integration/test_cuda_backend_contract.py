@@ -101,3 +101,19 @@ def test_sglang_decode_graph_seams_the_cuda_path_relies_on():
         slot.buffer.fill_(7)                         # a previous, larger replay's rows
         slot.reset_padding(2, 4)
         assert slot.buffer[2:4].tolist() == [0, 0] and slot.buffer[:2].tolist() == [7, 7], name
+
+
+def test_sglang_gates_dense_mha_one_shot_on_the_flag_the_cuda_path_clears():
+    """Issue 32, defect 1: with ESS on, the CUDA class sets supports_mha_one_shot = False so SGLang's
+    per-batch prefill dispatch never picks dense MHA one-shot (which bypasses the store). That holds only
+    while set_dsa_prefill_impl decides use_mha by that flag; a rename would silently route short
+    prompts around ESS again."""
+    import re
+
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
+    src = inspect.getsource(DeepseekSparseAttnBackend.set_dsa_prefill_impl)
+    decision = re.search(r"self\.use_mha = \((.*?)\n\s*\)\n", src, re.S)
+    assert decision is not None, "set_dsa_prefill_impl no longer assigns self.use_mha = (...): re-read it"
+    assert decision.group(1).lstrip().startswith("self.supports_mha_one_shot"), decision.group(1)[:200]
+    assert "self.use_mha = True" not in src      # no other path turns it on

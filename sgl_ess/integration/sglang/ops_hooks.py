@@ -1,5 +1,6 @@
 """The operations side of the plugin: its own ``sglang.srt.plugins`` entry point (pyproject.toml,
-``sgl_ess_ops``), loaded by SGLang in every process next to ``plugin.py``.
+``sgl_ess_ops``), loaded by SGLang in every process next to ``plugin.py``; like it, it registers
+nothing outside the processes of ``python -m sgl_ess.launch_server`` (``plugin.ess_process``).
 
   * ``ess`` is a deterministic-inference backend (official seams
     ``add_deterministic_attention_backend_choices`` and
@@ -12,7 +13,8 @@
   * ``ModelRunner.maybe_enable_batch_invariant_mode`` AROUND: SGLang's batch-invariant kernels
     (Triton) exist only for CUDA/XPU and raise on CPU; without such a device deterministic mode
     keeps SGLang's seeded sampling (``sampling_seed``) and skips them, with a warning that
-    outputs can still depend on what else is in the batch.
+    outputs can still depend on what else is in the batch. SGLang calls the method in every model
+    runner; without --enable-deterministic-inference it does nothing and no warning is written.
   * every log record of the process is redacted of secret-shaped values (log_redaction.py).
   * ``Req._check_str_based_finish`` AROUND (launcher-started servers): stop_regex with RE2 within
     a per-request budget (observe/pattern_eval.py, issue 38); ``Scheduler.run_batch`` /
@@ -26,9 +28,8 @@ from __future__ import annotations
 
 import logging
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
 from . import targets
+from .plugin import ess_process
 
 logger = logging.getLogger(__name__)
 _loaded = False
@@ -69,9 +70,18 @@ def _rank_summary(state: dict, ops: dict | None) -> dict:
     return out
 
 
+def _deterministic_inference_on() -> bool:
+    """The switch SGLang's own ``maybe_enable_batch_invariant_mode`` reads."""
+    from sglang.srt.runtime_context import get_exec
+
+    return bool(get_exec().deterministic.enable_deterministic_inference)
+
+
 def _around_batch_invariant_mode(original_fn, *args, **kwargs):
     import torch
 
+    if not _deterministic_inference_on():
+        return original_fn(*args, **kwargs)            # SGLang's method: nothing to enable
     if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
         return original_fn(*args, **kwargs)
     logger.warning("--enable-deterministic-inference without CUDA/XPU: seeded sampling is on, SGLang's "
@@ -86,9 +96,11 @@ def is_loaded() -> bool:
 
 def load_plugin() -> None:
     global _loaded
-    if _loaded:
+    if _loaded or not ess_process():
         return
     _loaded = True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
     from .launcher import log_redaction
 
     log_redaction.install()                          # every process: no secret in a log line

@@ -4,22 +4,36 @@ SGLang 0.5.23 calls ``sglang.srt.plugins.load_plugins()`` in the launcher, the e
 scheduler process and the detokenizer; it runs each plugin's function, then
 ``HookRegistry.apply_hooks()``. So everything here is registered once per process and takes
 effect before any model is built. ``SGLANG_PLUGINS`` (comma list) can exclude this plugin.
+
+SGLang loads the entry point into every SGLang process of the environment, whatever started it. Only a
+process of ``python -m sgl_ess.launch_server`` registers anything: the launcher exports its validated
+config (``SGLESS_CONFIG``, sgl_ess.config) before SGLang starts its processes, and they inherit it.
+Anywhere else (a plain ``python -m sglang.launch_server``) ``load_plugin`` returns at once and
+SGLang runs untouched.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import sys
+
+from sgl_ess.config import ENV_CONFIG_JSON   # no torch, no sglang
 
 logger = logging.getLogger(__name__)
 _loaded = False
 
 
+def ess_process() -> bool:
+    """True in the processes of ``python -m sgl_ess.launch_server`` (its config is in the environment)."""
+    return bool(os.environ.get(ENV_CONFIG_JSON))
+
+
 def load_plugin() -> None:
     global _loaded
-    if _loaded:
+    if _loaded or not ess_process():
         return
     _loaded = True
     # diagnostics: `kill -USR2 <pid>` writes every thread's Python stack of that SGLang process to

@@ -168,8 +168,13 @@ REPLACEMENTS = {
 
 
 def register() -> None:
-    """Only without CUDA: there SGLang's CPU branch is the one that runs."""
-    if torch.cuda.is_available():
+    """Only where SGLang's CPU branch is the one that runs: ``is_cpu()``, SGLang's own switch, which its
+    modules read when imported and which defines the ``*_cpu`` names only then. The launcher process
+    imports SGLang before it sets SGLANG_USE_CPU_ENGINE for its children, so there the names do not
+    exist (and nothing runs a model); registering them there logged "Failed to apply hooks" six times."""
+    from sglang.srt.utils import is_cpu
+
+    if torch.cuda.is_available() or not is_cpu():
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -2,3 +2,4 @@
 import os
 
 TINY_DSV32_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_dsv32")
+TINY_GLM5_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_glm5")

@@ -1,9 +1,14 @@
-"""Write the embedded default model: a tiny DeepSeek-V3.2-architecture config + BPE tokenizer.
+"""Write the embedded models: tiny configs + one BPE tokenizer.
 
-The generated files ship in the package (``sgl_ess/models/tiny_dsv32/``); serving never
-regenerates them. Re-run only to change the model:
+  tiny_dsv32  the default model, DeepSeek-V3.2 architecture (below);
+  tiny_glm5   GLM-5 / 5.1 (``GlmMoeDsaForCausalLM``): the same sizes with GLM's head shapes
+              (v_head_dim > qk_nope_head_dim, as GLM-5's 256 / 192), 3 layers, an indexer on every
+              layer (``indexer_types`` all "full": GLM-5.2's shared-index layers are not in it).
 
-    python -m sgl_ess.models.make_tiny [OUT_DIR]
+The generated files ship in the package (``sgl_ess/models/tiny_*/``); serving never
+regenerates them. Re-run only to change a model:
+
+    python -m sgl_ess.models.make_tiny [--model dsv32|glm5] [OUT_DIR]
 
 Architecture (``DeepseekV32ForCausalLM``): MLA latent (kv_lora_rank 64 + rope 16), a
 lightning indexer per layer (4 heads x 128 dims, top-k 32), MoE (8 routed experts, 2
@@ -80,6 +85,21 @@ MODEL_CONFIG = {
 }
 
 
+# GLM-5 / 5.1 (transformers' GlmMoeDsaConfig, SGLang's GlmMoeDsaForCausalLM, a DeepseekV2ForCausalLM):
+# the DSV3.2 tiny sizes with GLM's own shapes. SGLang's CPU DeepSeek rope asserts deepseek_yarn.
+GLM5_CONFIG = dict(
+    MODEL_CONFIG,
+    architectures=["GlmMoeDsaForCausalLM"],
+    model_type="glm_moe_dsa",
+    num_hidden_layers=3,
+    qk_nope_head_dim=24,
+    v_head_dim=48,
+    indexer_types=["full", "full", "full"],
+    rms_norm_eps=1e-5,
+)
+CONFIGS = {"dsv32": ("tiny_dsv32", MODEL_CONFIG), "glm5": ("tiny_glm5", GLM5_CONFIG)}
+
+
 def _training_files(limit: int = 300) -> list[str]:
     stdlib = sysconfig.get_paths()["stdlib"]
     files = sorted(glob.glob(os.path.join(stdlib, "**", "*.py"), recursive=True))
@@ -105,7 +125,7 @@ def build_tokenizer():
     return tok
 
 
-def write_model(out_dir: str) -> None:
+def write_model(out_dir: str, config: dict = MODEL_CONFIG) -> None:
     os.makedirs(out_dir, exist_ok=True)
     tok = build_tokenizer()
     bos = tok.token_to_id("<|begin_of_text|>")
@@ -116,7 +136,7 @@ def write_model(out_dir: str) -> None:
         "bos_token": "<|begin_of_text|>",
         "eos_token": "<|end_of_text|>",
         "pad_token": "<|pad|>",
-        "model_max_length": MODEL_CONFIG["max_position_embeddings"],
+        "model_max_length": config["max_position_embeddings"],
         "add_bos_token": False,
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
@@ -124,7 +144,7 @@ def write_model(out_dir: str) -> None:
     _dump(os.path.join(out_dir, "tokenizer_config.json"), tok_cfg)
     _dump(os.path.join(out_dir, "generation_config.json"),
           {"bos_token_id": bos, "eos_token_id": eos, "max_new_tokens": 64})
-    _dump(os.path.join(out_dir, "config.json"), dict(MODEL_CONFIG, bos_token_id=bos, eos_token_id=eos))
+    _dump(os.path.join(out_dir, "config.json"), dict(config, bos_token_id=bos, eos_token_id=eos))
 
 
 def _dump(path: str, obj: dict) -> None:
@@ -133,7 +153,18 @@ def _dump(path: str, obj: dict) -> None:
         f.write("\n")
 
 
+def main(argv: list[str]) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m sgl_ess.models.make_tiny")
+    p.add_argument("--model", choices=sorted(CONFIGS), default="dsv32")
+    p.add_argument("out_dir", nargs="?", default=None, help="default: sgl_ess/models/tiny_<model>")
+    a = p.parse_args(argv)
+    name, config = CONFIGS[a.model]
+    out = a.out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    write_model(out, config)
+    print("wrote", out)
+
+
 if __name__ == "__main__":
-    default = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_dsv32")
-    write_model(sys.argv[1] if len(sys.argv) > 1 else default)
-    print("wrote", sys.argv[1] if len(sys.argv) > 1 else default)
+    main(sys.argv[1:])

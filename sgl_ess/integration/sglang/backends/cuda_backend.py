@@ -40,6 +40,7 @@ import logging
 
 import torch
 
+from .attention_kwargs import refuse_unimplemented
 from .cuda_graph import graph_rows, replay_rows
 from .padding import real_rows
 from .query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET, accepts_early_plans
@@ -144,6 +145,7 @@ def backend_class():
             if self.ess is None or topk_indices is None:
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
+            refuse_unimplemented(kwargs, "dsa (ESS on)")   # e.g. attn_sink: the store's paths would drop it
             mode = forward_batch.forward_mode
             self.ess.fence_host(layer.layer_id)    # this layer's zeroing of released rows lands before the write
             if k is not None and save_kv_cache:
@@ -172,6 +174,7 @@ def backend_class():
             if self.ess is None or topk_indices is None:
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
+            refuse_unimplemented(kwargs, "dsa (ESS on)")
             self.ess.fence_host(layer.layer_id)
             if k is not None and save_kv_cache:
                 self._forward.save(layer, forward_batch, lambda: self.token_to_kv_pool.set_mla_kv_buffer(

@@ -16,6 +16,9 @@ The math is the same gather + softmax on the same bytes in the same order (float
 accumulation, so DA's log-sum-exp merge rounds to the same bf16 output), so ESS on and off
 produce identical outputs.
 
+Attention keyword arguments it does not implement (``attn_sink``, ...) raise (attention_kwargs.py), and a
+model whose attention has learnable sinks is refused when the backend is built (model_support.py).
+
 Torch path (CPU). On CUDA this backend is not used with ESS off (SGLang's ``dsa`` backend
 and kernels serve). With ESS on, the request lifecycle (open, warm, reserve, plan, land, commit,
 verify) is store_forward.StoreForward, shared with the CUDA backend; this class supplies only
@@ -32,7 +35,9 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sgl_ess.attention.reference import attend
 
+from ..model_support import check_no_sinks
 from ..pools.pool_adapter import EssPoolAdapter
+from .attention_kwargs import refuse_unimplemented
 from .query_layout import ROLE_TARGET, accepts_early_plans
 from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
 
@@ -84,6 +89,9 @@ class EssSparseAttnBackend(AttentionBackend):
         self.forward_metadata = None
         self.micro_batch_base = 0        # 2 x the Two-Batch-Overlap child index (own ring groups)
         self._store_forward: Optional[StoreForward] = None
+        model = getattr(model_runner, "model", None)
+        if model is not None:
+            check_no_sinks(model)          # SGLang hands sinks only to absorbed-core backends: never to this one
 
     @property
     def accepts_early_plans(self) -> bool:
@@ -121,6 +129,7 @@ class EssSparseAttnBackend(AttentionBackend):
         return self._store_forward
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
+        refuse_unimplemented(kwargs, "ess")     # attention_kwargs.py: sinks etc. raise, never dropped
         loc = forward_batch.out_cache_loc
         if self.ess is not None:
             self.ess.fence_host(layer.layer_id)    # released rows are zeroed before anything rewrites them
@@ -142,6 +151,7 @@ class EssSparseAttnBackend(AttentionBackend):
         return self.prefill(q, layer, forward_batch, topk_indices, tok_req, None)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
+        refuse_unimplemented(kwargs, "ess")
         loc = forward_batch.out_cache_loc
         if self.ess is not None:
             self.ess.fence_host(layer.layer_id)

@@ -1,0 +1,63 @@
+"""Is this model one ESS serves? The model's config read with SGLang's own helpers into
+``ModelFacts``, decided by the model table (sgl_ess/models/families.py).
+
+Called by the launcher where it reads the model's config (launcher/model_config.py), with ESS on,
+before anything loads: a model outside the table stops the launch with exit 2 (PreflightError).
+Owns no state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sgl_ess.models.families import LINEAR_ATTENTION, SHARED_TOPK, SINKS, ModelFacts, family_of, refusal
+from sgl_ess.serving.preflight import PreflightError
+
+logger = logging.getLogger("sgl_ess")
+
+
+def facts_of(cfg) -> ModelFacts:
+    """ModelFacts from a transformers config (its text config for a multimodal one), through SGLang
+    0.5.23's srt/configs/model_config.py: is_deepseek_dsa, dsa_layer_skips_topk, uses_kda_attention."""
+    from sglang.srt.configs.model_config import dsa_layer_skips_topk, is_deepseek_dsa, uses_kda_attention
+
+    archs = list(getattr(cfg, "architectures", None) or [])
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    arch = archs[0] if archs else "(no architectures in config.json)"
+    adds = set()
+    is_dsa = bool(archs) and (is_deepseek_dsa(cfg) or is_deepseek_dsa(text))
+    if is_dsa:
+        dsa_cfg = cfg if is_deepseek_dsa(cfg) else text
+        layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+        if any(dsa_layer_skips_topk(dsa_cfg, i) for i in range(layers)):
+            adds.add(SHARED_TOPK)
+    if uses_kda_attention(cfg):
+        adds.add(LINEAR_ATTENTION)
+    return ModelFacts(architecture=arch, model_type=str(getattr(cfg, "model_type", "") or ""), is_dsa=is_dsa,
+                      adds=frozenset(adds))
+
+
+def check(cfg) -> None:
+    """Raise PreflightError (exit 2) when ESS does not serve the model of `cfg`."""
+    facts = facts_of(cfg)
+    text = refusal(facts)
+    if text:
+        raise PreflightError(text)
+    if SHARED_TOPK in facts.adds:
+        logger.warning("%s: shared-index layers (reusing the previous layer's top-k) have no indexer, so ESS "
+                       "plans their fetch inside attention (late: not hidden behind compute)", facts.architecture)
+    fam = family_of(facts.architecture)
+    logger.info("ESS model family: %s (%s)", fam.name if fam else "?", facts.architecture)
+
+
+def check_no_sinks(model) -> None:
+    """Runtime guard, for a model loaded without the launcher's check: no attention module of `model`
+    (an nn.Module) carries a learnable sink (HYV4Attention.learnable_sink_param), which SGLang's
+    DeepSeek MLA forward hands only to the absorbed-core backends as ``attn_sink``. Raises
+    NotImplementedError naming the module."""
+    for name, mod in model.named_modules():
+        if getattr(mod, "learnable_sink_param", None) is not None:
+            raise NotImplementedError(
+                f"{name} ({type(mod).__name__}) has learnable attention sinks ({SINKS}): the ess attention "
+                "backend does not implement them and would drop them silently. Serve this model with another "
+                "attention backend and ESS off (--ess-enabled false --attention-backend ...)")

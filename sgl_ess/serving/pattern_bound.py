@@ -116,7 +116,7 @@ def check_stop_regex(param: str, value: Any, limits: PatternLimits) -> Optional[
     return None
 
 
-def _depth(v: Any, limit: int) -> int:
+def json_depth(v: Any, limit: int) -> int:
     """Nesting depth of a JSON value, counted up to `limit` + 1 (iterative: no recursion)."""
     stack, deepest = [(v, 1)], 0
     while stack:
@@ -137,7 +137,7 @@ def check_grammar(param: str, value: Any, limits: PatternLimits, kind: str = "")
         return None
     field = kind or param.rsplit(".", 1)[-1]
     if isinstance(value, (dict, list)) and field == "json_schema":
-        d = _depth(value, JSON_DEPTH_LIMIT)
+        d = json_depth(value, JSON_DEPTH_LIMIT)
         if d > JSON_DEPTH_LIMIT:
             return PatternProblem(param, f"{param}: nested more than {JSON_DEPTH_LIMIT} levels deep; expected at "
                                          f"most {JSON_DEPTH_LIMIT}")
@@ -153,7 +153,7 @@ def check_grammar(param: str, value: Any, limits: PatternLimits, kind: str = "")
         return PatternProblem(param, f"{param}: JSON nested too deeply to parse")
     except ValueError as e:
         return PatternProblem(param, f"{param}: not valid JSON ({e}); expected a JSON document")
-    if _depth(doc, JSON_DEPTH_LIMIT) > JSON_DEPTH_LIMIT:
+    if json_depth(doc, JSON_DEPTH_LIMIT) > JSON_DEPTH_LIMIT:
         return PatternProblem(param, f"{param}: nested more than {JSON_DEPTH_LIMIT} levels deep; expected at most "
                                      f"{JSON_DEPTH_LIMIT}")
     return None

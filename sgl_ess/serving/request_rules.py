@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .ops_config import OpsConfig
-from .pattern_bound import (JSON_DEPTH_LIMIT, PatternLimits, PatternProblem, _depth, check_openai_patterns,
-                            check_sampling_patterns)
+from .pattern_bound import (JSON_DEPTH_LIMIT, PatternLimits, PatternProblem, check_openai_patterns,
+                            check_sampling_patterns, json_depth)
 from .prompt_bound import prompt_too_long
 
 COMPLETIONS, CHAT, GENERATE = "/v1/completions", "/v1/chat/completions", "/generate"
@@ -162,14 +162,14 @@ def _problem(p: Optional[PatternProblem]) -> Optional[Refusal]:
     return Refusal(400, p.param, p.message) if p else None
 
 
-def _dict_field(param: str, v: Any, depth_checked: bool = True) -> Optional[Refusal]:
+def _dict_field(param: str, v: Any) -> Optional[Refusal]:
     """An object-valued field (custom_params, chat_template_kwargs): an object, of bounded nesting
     (SGLang copies and serializes it recursively: 900 levels were a 500 with a RecursionError)."""
     if v is None:
         return None
     if not isinstance(v, dict):
         return Refusal(400, param, f"{param}: got {_short(v)}; expected a JSON object")
-    if depth_checked and _depth(v, JSON_DEPTH_LIMIT) > JSON_DEPTH_LIMIT:
+    if json_depth(v, JSON_DEPTH_LIMIT) > JSON_DEPTH_LIMIT:
         return Refusal(400, param, f"{param}: nested more than {JSON_DEPTH_LIMIT} levels deep; expected at most "
                                    f"{JSON_DEPTH_LIMIT}")
     return None

@@ -25,7 +25,6 @@ import signal
 import threading
 import time
 from functools import lru_cache
-from typing import Optional
 
 BUDGET_FLAG = "--guard-pattern-budget-ms"
 
@@ -111,9 +110,3 @@ class Budget:
 def budget_for(budget_ms: float, allow_backtracking: bool) -> Budget:
     return Budget(budget_ms / 1e3, allow_backtracking)
 
-
-def engine_of(pattern: str, allow_backtracking: bool) -> Optional[str]:
-    try:
-        return compiled(pattern, allow_backtracking)[1]
-    except ValueError:
-        return None

@@ -226,6 +226,7 @@ def test_four_concurrent_8mb_prompts_are_refused_before_tokenization_and_memory_
     status, text_ = call(server_ops.base, paths[0], None, raw=bodies[0], timeout=300)
     assert status == 400 and "cannot fit" in text_ and "characters" in text_, text_[:300]
     grown = http.memory_info().rss - rss0
+    print(f"HTTP process RSS: {rss0} bytes before, grew by {grown} after refusing {sent} bytes of prompts")
     assert grown < sent, f"the HTTP process grew by {grown} bytes after refusing {sent} bytes of prompts"
     probe(server_ops.base)
 

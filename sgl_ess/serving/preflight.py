@@ -5,7 +5,7 @@ would lock against RLIMIT_MEMLOCK, and the HTTP port.
 Why here: SGLang sizes pools and builds the ESS store only after loading the model, so a hot
 buffer that cannot hold index_topk + 1 rows, or a port already taken by another server, used to
 be found a minute later (with a traceback, or after warm-up requests were sent to the OTHER
-server). Pure Python: the model's geometry comes from its config.json.
+server). Pure Python: the launcher reads the model's geometry (launcher/model_config.py) and passes it in.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class ModelGeometry:
     latent_row_bytes: int       # (kv_lora_rank + qk_rope_head_dim) x 2 (bf16 cache, the ESS-on path)
     index_topk: Optional[int]   # None: not a DSA model
     vocab_size: Optional[int]
+    kv_lora_rank: Optional[int] = None      # the latent's parts, for the FP8 row (launcher_defaults.fp8_geometry)
+    qk_rope_head_dim: Optional[int] = None
 
 
 def model_geometry(model_path: str) -> Optional[ModelGeometry]:
@@ -44,9 +46,10 @@ def model_geometry(model_path: str) -> Optional[ModelGeometry]:
     try:
         with open(os.path.join(model_path, "config.json")) as fh:
             c = json.load(fh)
-        return ModelGeometry(layers=int(c["num_hidden_layers"]),
-                             latent_row_bytes=(int(c["kv_lora_rank"]) + int(c["qk_rope_head_dim"])) * 2,
-                             index_topk=c.get("index_topk"), vocab_size=c.get("vocab_size"))
+        r, p = int(c["kv_lora_rank"]), int(c["qk_rope_head_dim"])
+        return ModelGeometry(layers=int(c["num_hidden_layers"]), latent_row_bytes=(r + p) * 2,
+                             index_topk=c.get("index_topk"), vocab_size=c.get("vocab_size"), kv_lora_rank=r,
+                             qk_rope_head_dim=p)
     except (OSError, KeyError, ValueError, TypeError):
         return None
 
@@ -60,28 +63,33 @@ def pool_tokens_from_gb(gb: float, geo: ModelGeometry, page_size: int) -> int:
 
 
 def resolve_pool_tokens(ess_on: bool, memory_pool_size_gb: float, max_total_tokens: Optional[int],
-                        geo: Optional[ModelGeometry], page_size: int, default_tokens: int) -> tuple[int, str]:
-    """(tokens for --max-total-tokens, where the number came from). Raises PreflightError when the
-    ESS host-pool budget and --max-total-tokens both size the pool and disagree."""
+                        geo: Optional[ModelGeometry], page_size: int, default_tokens: int, pools: int = 1,
+                        budget_source: Optional[str] = None) -> tuple[int, str]:
+    """(tokens for --max-total-tokens, where the number came from). `memory_pool_size_gb` is the host
+    budget of one node, split evenly over the node's `pools` host pools (one per rank, or one per
+    attention-TP group when its ranks share it); `budget_source` names a budget the launcher chose
+    (its default) rather than the user. Raises PreflightError when the budget and --max-total-tokens
+    both size the pool and disagree."""
     if not ess_on or not memory_pool_size_gb:
         if max_total_tokens is not None:
             return max_total_tokens, "--max-total-tokens"
         return default_tokens, "launcher default"
+    what = budget_source or f"--ess-memory-pool-size-gb {memory_pool_size_gb:g}" + (
+        f" per node / {pools} host pools on the node" if pools > 1 else "")
     if geo is None:
         raise PreflightError(
-            f"--ess-memory-pool-size-gb {memory_pool_size_gb:g}: the model has no local config.json to turn GB into "
-            f"tokens; give the host pool in tokens with --max-total-tokens instead")
-    tokens = pool_tokens_from_gb(memory_pool_size_gb, geo, page_size)
+            f"{what}: the model has no readable config to turn GB into tokens; give the host pool in tokens "
+            f"with --max-total-tokens instead")
+    tokens = pool_tokens_from_gb(memory_pool_size_gb / pools, geo, page_size)
     if tokens < page_size:
         raise PreflightError(
-            f"--ess-memory-pool-size-gb {memory_pool_size_gb:g} holds {tokens} tokens ({geo.layers} layers x "
-            f"{geo.latent_row_bytes} B per token, {page_size}-token pages); expected at least one page. Raise it")
+            f"{what} holds {tokens} tokens per pool ({geo.layers} layers x {geo.latent_row_bytes} B per token, "
+            f"{page_size}-token pages); expected at least one page. Raise --ess-memory-pool-size-gb")
     if max_total_tokens is not None and max_total_tokens != tokens:
         raise PreflightError(
-            f"--ess-memory-pool-size-gb {memory_pool_size_gb:g} sizes the host pool at {tokens} tokens, but "
-            f"--max-total-tokens {max_total_tokens} was also given (with ESS on, SGLang's token pool IS the host pool); "
-            f"give only one of them")
-    return tokens, f"--ess-memory-pool-size-gb {memory_pool_size_gb:g}"
+            f"{what} sizes the host pool at {tokens} tokens, but --max-total-tokens {max_total_tokens} was also "
+            f"given (with ESS on, SGLang's token pool IS the host pool); give only one of them")
+    return tokens, what
 
 
 def hot_slots_per_request(hot_slots: int, max_gpu_buffer_size_gb: float, geo: ModelGeometry,

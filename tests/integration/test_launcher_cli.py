@@ -27,6 +27,8 @@ def test_help_lists_ess_flags_with_meaning():
     assert "--ess-config" in r.stdout
     assert "--model-path" in r.stdout  # SGLang's own flags are there too
     assert "host pool" in r.stdout
+    # --ess-explain and how to plan for a GPU node from any machine (issue 33)
+    assert "--ess-explain " in r.stdout and "--ess-explain-device" in r.stdout and "cuda:8:141" in r.stdout
 
 
 def test_bad_yaml_value_is_refused_with_key_value_and_allowed(tmp_path):

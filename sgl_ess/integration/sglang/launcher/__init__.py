@@ -1,7 +1,13 @@
 """``python -m sgl_ess.launch_server``: from the command line to SGLang's launcher.
 
   server_args.py        ``--ess-*`` flags, help, resolution, the serve call
-  launcher_defaults.py  flags the launcher adds and token-pool sizing
+  sglang_flags.py       the command line read by SGLang's own parser; the argv for SGLang rebuilt from it
+  argv_view.py          reading that argv: flag values, the parallel layout, host pools per node
+  launcher_defaults.py  flags the launcher adds
+  pool_plan.py          host pool per node and per pool, hot buffers per GPU, and where each number came from
+  model_config.py       the model's geometry through transformers.AutoConfig (local dir or hub id / HF cache)
+  node_devices.py       the node planned for: this machine's devices, or --ess-explain-device cuda:N:GiB
+  explain.py            --ess-explain: the plan and SGLang's arguments printed, nothing started
   process_env.py        the environment every server process needs (multi-rank CPU binding, gloo)
   compat.py             launch-time refusal of flag combinations ESS does not serve (names the flag and why)
   auth_keys.py          the API keys kept from SGLang; the warmup's internal token

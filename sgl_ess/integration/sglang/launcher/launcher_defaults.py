@@ -1,14 +1,10 @@
 """What ``python -m sgl_ess.launch_server`` adds to the user's SGLang flags, and how the token
-pool is sized. Everything here runs before SGLang is imported and before the model loads.
+pool is sized. Everything here runs before the model loads; the model's config is read through
+transformers (model_config.py).
 
-Pool sizing, honestly (with ESS on, SGLang's token pool IS the host latent pool):
-  * ``--ess-memory-pool-size-gb G`` (flag or YAML) alone -> ``--max-total-tokens`` for G GB;
-  * ``--max-total-tokens N`` alone -> N tokens;
-  * both -> refused unless they give the same tokens (one of them would otherwise be ignored);
-  * neither -> the launcher default (65536 tokens with ESS on, 16384 off); on a GPU machine with
-    ESS on, the host memory available minus a safety margin (sgl_ess/serving/host_memory.py).
-With ESS on, the host pool's bytes are checked against available host memory before anything loads.
-With ESS off a host-pool budget has no meaning: it is reported and warned about, not applied.
+The host pool and hot buffers are sized per node by pool_plan.py (read it for the rules: an explicit
+--ess-memory-pool-size-gb is the node's budget, split over its host pools; with nothing set a GPU
+node gives its usable host memory, a CPU one 65536 tokens per pool, each named as a default).
 With ``--ess-lock-host-memory`` the bytes each process will mlock (host pool, and on CPU the slot
 space) are checked against RLIMIT_MEMLOCK (sgl_ess.serving.preflight.check_memlock).
 The result is exported as ``SGLESS_POOL_SIZING`` and shown by /ess/status next to the bytes
@@ -20,51 +16,34 @@ from __future__ import annotations
 import json
 import logging
 import os
+from typing import Optional
 
 from sgl_ess.config import EssConfig
-from sgl_ess.core.parallel_layout import ParallelLayout, host_pool_bytes, shares_host_pool
 from sgl_ess.models import TINY_DSV32_DIR
-from sgl_ess.serving import host_memory
-from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_hot_slots, check_memlock, locked_bytes,
-                                       model_geometry, resolve_pool_tokens, slot_space_bytes)
+from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_memlock, locked_bytes,  # noqa: F401
+                                       model_geometry, slot_space_bytes)
+
+from . import pool_plan
+from .argv_view import flag_value, has_flag, int_flag, parallel_layout, pools_per_node  # noqa: F401
+from .node_devices import NodeDevices
+from .pool_plan import DEFAULT_DEVICE_TOKENS, DEFAULT_HOST_TOKENS  # noqa: F401
 
 logger = logging.getLogger("sgl_ess")
 
 DEFAULT_PORT = 30000
 DEFAULT_MAX_RUNNING_REQUESTS = 64
-DEFAULT_HOST_TOKENS = 65536          # ESS on: host pool tokens when nothing sizes it
-DEFAULT_DEVICE_TOKENS = 16384        # ESS off: device pool tokens when nothing sizes it
 EMBEDDED_MODEL_NAME = "tiny_dsv32"
 
 
-def has_flag(argv: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def int_flag(argv: list[str], flag: str) -> int | None:
-    v = flag_value(argv, flag)
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise PreflightError(f"{flag}: got {v!r}; expected an integer")
-
-
-def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list[str], dict]:
-    """(argv for SGLang with the launcher's defaults, pool sizing). Raises PreflightError."""
+def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool, devices: Optional[NodeDevices] = None,
+                  geometry: pool_plan.GeometryReader = pool_plan.read_geometry) -> tuple[list[str], dict]:
+    """(argv for SGLang with the launcher's defaults, pool sizing). `argv`: SGLang's flags under their full
+    names (sglang_flags.canonical_argv); `devices`: the node planned for (default: CPU, or CUDA of
+    unknown count and memory); `geometry`: reads the model's geometry (model_config.py). Raises
+    PreflightError."""
     out = list(argv)
     eng = cfg.engine
-    if not has_flag(out, "--model-path") and not has_flag(out, "--model"):
+    if not has_flag(out, "--model-path"):
         model = eng.get("model_name") or TINY_DSV32_DIR
         out += ["--model-path", model]
         if model == TINY_DSV32_DIR:
@@ -107,43 +86,8 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
         raise PreflightError(f"--ess-share-host-pool on with --ess-prefetch-engine {cfg.prefetch_engine}: on CUDA the "
                              "ranks sharing a host pool are ordered by the stream engine's streams; use "
                              "--ess-prefetch-engine stream (or auto), or --ess-share-host-pool off")
-    geo = model_geometry(flag_value(out, "--model-path") or flag_value(out, "--model") or "")
-    if geo is not None and flag_value(out, "--kv-cache-dtype") == "fp8_e4m3":
-        geo = fp8_geometry(geo, flag_value(out, "--model-path") or flag_value(out, "--model") or "")
-    pool_gb = cfg.memory_pool_size_gb
-    if has_cuda and cfg.enabled and not pool_gb and not has_flag(out, "--max-total-tokens"):
-        usable = host_memory.usable_bytes(host_memory.meminfo())
-        if usable:
-            pool_gb = usable / 1e9
-            logger.info("ESS host pool: %.1f GB by default (available host memory minus the safety margin; "
-                        "set --ess-memory-pool-size-gb to choose)", pool_gb)
-    page = int_flag(out, "--page-size") or DSA_PAGE_SIZE
-    given = int_flag(out, "--max-total-tokens")
-    default = DEFAULT_HOST_TOKENS if cfg.enabled else DEFAULT_DEVICE_TOKENS
-    tokens, source = resolve_pool_tokens(cfg.enabled, pool_gb, given, geo, page, default)
-    if given is None:
-        out += ["--max-total-tokens", str(tokens)]
-    if not cfg.enabled and cfg.memory_pool_size_gb:
-        logger.warning("memory_pool_size_gb=%g is NOT applied: ESS is off, so there is no host pool; the device "
-                       "pool has %d tokens (%s)", cfg.memory_pool_size_gb, tokens, source)
-    sizing = {"tokens": tokens, "source": source, "ess_enabled": cfg.enabled, "page_size": page,
-              "memory_pool_size_gb_requested": cfg.memory_pool_size_gb or None}
-    if cfg.enabled and geo is not None:
-        sizing["host_bytes_expected"] = host_pool_bytes(tokens, page, geo.layers, geo.latent_row_bytes)
-        lay = parallel_layout(out)
-        pools = pools_per_node(lay, has_cuda, cfg.share_host_pool)
-        sizing.update(pools_per_node=pools, ranks_per_node=lay["ranks_per_node"],
-                      host_bytes_per_node=pools * sizing["host_bytes_expected"])
-        if pools > 1 or lay["ranks_per_node"] > 1:
-            logger.info("ESS host pools on this node: %d pool(s) of %.3f GB = %.3f GB for %d rank(s) (%s)", pools,
-                        sizing["host_bytes_expected"] / 1e9, sizing["host_bytes_per_node"] / 1e9,
-                        lay["ranks_per_node"], "one per attention-TP group on this node, shared by its ranks"
-                        if not has_cuda else "one per rank on CUDA")
-        host_memory.check_host_pool(sizing["host_bytes_per_node"],
-                                    source if pools == 1 else f"{source}, x {pools} pools on this node")
-        running = int_flag(out, "--max-running-requests")
-        sizing["hot_slots_per_request"] = check_hot_slots(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
-                                                          geo, running)
+    sizing, geo = pool_plan.plan(out, cfg, devices or NodeDevices("cuda" if has_cuda else "cpu", source="has_cuda"),
+                                 geometry)
     if cfg.lock_host_memory:
         check_lock(cfg, geo, sizing, running=int_flag(out, "--max-running-requests"), has_cuda=has_cuda)
     return out, sizing
@@ -151,14 +95,13 @@ def fill_defaults(argv: list[str], cfg: EssConfig, has_cuda: bool) -> tuple[list
 
 def check_lock(cfg: EssConfig, geo, sizing: dict, running: int, has_cuda: bool) -> None:
     """--ess-lock-host-memory: refuse it with ESS off (there is no ESS host memory to lock), and refuse
-    bytes above RLIMIT_MEMLOCK. Without a local config.json the bytes are unknown here; the mlock
-    itself then fails with the same fix when the store is built."""
+    bytes above RLIMIT_MEMLOCK."""
     if not cfg.enabled:
         raise PreflightError("--ess-lock-host-memory needs ESS on: with --ess-enabled false the latent cache is "
                              "SGLang's own pool, which sgl-ess does not allocate; drop one of the two flags")
     if geo is None:
-        logger.info("--ess-lock-host-memory: no local config.json, so the bytes to lock are checked when the "
-                    "store is built, not before the model loads")
+        logger.info("--ess-lock-host-memory: the model's config has no MLA latent, so the bytes to lock are "
+                    "checked when the store is built, not before the model loads")
         return
     host = sizing["host_bytes_expected"]
     slots, what = 0, f"host pool {host} B"
@@ -170,37 +113,6 @@ def check_lock(cfg: EssConfig, geo, sizing: dict, running: int, has_cuda: bool) 
         what += f" + slot space {slots} B, in whole pages"
     sizing["locked_bytes_expected"] = locked_bytes(host, slots)
     check_memlock(sizing["locked_bytes_expected"], what)
-
-
-_ALIASES = {"tp": ("--tp", "--tp-size", "--tensor-parallel-size"), "dp": ("--dp", "--dp-size", "--data-parallel-size"),
-            "pp": ("--pp", "--pp-size", "--pipeline-parallel-size"), "nnodes": ("--nnodes",)}
-
-
-def parallel_layout(argv: list[str]) -> dict:
-    """tp, dp, pp, nnodes, dp_attention and ranks_per_node from SGLang's flags (any alias);
-    ``--attn-dp-size N`` counts as ``--dp N --enable-dp-attention`` (SGLang 0.5.23's newer spelling)."""
-    vals = {}
-    for key, flags in _ALIASES.items():
-        given = [int_flag(argv, f) for f in flags]
-        vals[key] = next((v for v in given if v is not None), 1)
-    lay, _ = ParallelLayout.from_sglang(**vals, dp_attention=has_flag(argv, "--enable-dp-attention"),
-                                        attn_dp_size=next((v for v in (int_flag(argv, f) for f in (
-                                            "--attn-dp-size", "--attention-data-parallel-size")) if v is not None), 1))
-    return {"tp": lay.tp, "dp": lay.dp, "pp": lay.pp, "nnodes": lay.nnodes, "dp_attention": lay.dp_attention,
-            "ranks_per_node": lay.ranks_per_node}
-
-
-def pools_per_node(lay: dict, has_cuda: bool, share_mode: str = "auto") -> int:
-    """ESS host pools one node allocates: one per attention-TP group on the node when its ranks share it
-    (shared_host_pool.py; --ess-share-host-pool: by default on CPU, on CUDA only with `on`), else one per
-    rank. The rule itself is sgl_ess.core.parallel_layout, which the capacity planner (sgl_ess.sim plan)
-    uses too."""
-    return _layout(lay).pools_per_node(shared=shares_host_pool(share_mode, has_cuda))
-
-
-def _layout(lay: dict) -> ParallelLayout:
-    return ParallelLayout(tp=lay["tp"], dp=lay["dp"], pp=lay["pp"], nnodes=lay["nnodes"],
-                          dp_attention=lay["dp_attention"])
 
 
 def dp_balance_default(argv: list[str], ess_on: bool) -> list[str]:
@@ -308,19 +220,6 @@ def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
                    "before the graph")
     if why:
         raise PreflightError("--ess-cuda-graph cannot be used with " + "; ".join(why))
-
-
-def fp8_geometry(geo, model_path: str):
-    """The model geometry with FlashMLA's FP8 row: kv_lora_rank fp8 + 4 B per 128 + rope bf16."""
-    import dataclasses
-
-    try:
-        with open(os.path.join(model_path, "config.json")) as fh:
-            c = json.load(fh)
-        r, p = int(c["kv_lora_rank"]), int(c["qk_rope_head_dim"])
-    except (OSError, KeyError, ValueError):
-        return geo
-    return dataclasses.replace(geo, latent_row_bytes=r + 4 * (r // 128) + 2 * p)
 
 
 def sizing_json(sizing: dict) -> str:

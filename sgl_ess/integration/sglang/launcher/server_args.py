@@ -2,9 +2,12 @@
 request-guard / operations flags (``--guard-*``, ``--metrics-*``, ``--health-*``).
 
 Order of events (everything before "load the model" takes seconds):
-  1. parse and validate the ESS and operations flags (sgl_ess.config, sgl_ess.serving.ops_config);
+  1. read the whole command line with SGLang's own parser, which holds the launcher's flags too
+     (sglang_flags.py: SGLang's flag prefixes resolve as SGLang resolves them), and validate the ESS
+     and operations flags (sgl_ess.config, sgl_ess.serving.ops_config);
   2. fill the launcher's defaults and size the token pool (launcher_defaults.py), check hot-slot
-     feasibility and that ``--host:--port`` is free (sgl_ess.serving.preflight);
+     feasibility and that ``--host:--port`` is free (sgl_ess.serving.preflight); with
+     ``--ess-explain`` print the plan (explain.py) and exit 0 here;
   3. set the process environment (process_env.py), load the plugins, let SGLang resolve its args;
   4. install /ess/status, the request guard, /health and (outermost) the route guard on SGLang's
      app; start SGLang's HTTP server with sgl-ess's TokenizerManager (tokenizer.py), crash handler
@@ -27,9 +30,9 @@ from sgl_ess.serving.preflight import PortInUse, PreflightError, check_port
 from sgl_ess.serving.redact import redact_argv
 from sgl_ess.serving.route_policy import Keys
 
-from . import auth_keys, process_env
+from . import auth_keys, node_devices, process_env
 from ..routes import route_guard
-from .launcher_defaults import fill_defaults, flag_value, has_flag, int_flag, sizing_json
+from .launcher_defaults import fill_defaults, flag_value, has_flag, int_flag, parallel_layout, sizing_json
 from ..routes.status_route import ENV_POOL_SIZING
 
 logger = logging.getLogger("sgl_ess")
@@ -48,11 +51,35 @@ def add_ess_args(parser: argparse.ArgumentParser) -> None:
                        help=f"{f.help} (default: {f.default})")
 
 
-def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(add_help=False)
-    add_ess_args(p)
-    add_ops_args(p)
-    return p.parse_known_args(argv)
+_FLAGS = None
+
+
+def sglang_flags():
+    """SGLang's parser with the launcher's flags on it (sglang_flags.py), built once per process."""
+    global _FLAGS
+    if _FLAGS is None:
+        from .sglang_flags import SGLangFlags
+
+        _FLAGS = SGLangFlags(lambda p: (add_ess_args(p), add_explain_args(p), add_ops_args(p)))
+    return _FLAGS
+
+
+def add_explain_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Explain (check a deployment before it starts)")
+    g.add_argument("--ess-explain", action="store_true",
+                   help="Run every check the launcher makes before the model loads, print the SGLang arguments "
+                        "it would pass and the ESS plan (host pool per node and per pool, hot slots, device bytes, "
+                        "and what each default was computed from), and exit 0 without loading the model or "
+                        "starting any process.")
+    g.add_argument("--ess-explain-device", metavar="SPEC", default="auto", help=node_devices.SPEC_HELP)
+
+
+def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], dict]:
+    """(the launcher's own flags, SGLang's flags under their full names, the SGLang dests the user set),
+    all read by SGLang's own parser (sglang_flags.py). Raises PreflightError."""
+    flags = sglang_flags()
+    parsed = flags.parse(argv)
+    return parsed.own, flags.canonical_argv(parsed.sglang), parsed.sglang
 
 
 def print_help() -> None:
@@ -68,6 +95,7 @@ def print_help() -> None:
                     "DeepSeek-V3.2 model (random weights) on 127.0.0.1:30000, ESS on. Exit codes: "
                     "0 ok, 2 configuration refused, 3 port in use, 4 startup failed, 5 a server process died.")
     add_ess_args(p)
+    add_explain_args(p)
     add_ops_args(p)
     print(p.format_help())
     if ESS_BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
@@ -79,13 +107,45 @@ def print_help() -> None:
     print(sp.format_help())
 
 
-def resolve(argv: list[str], has_cuda: bool):
-    """(ESS config, operations flags, argv for SGLang, pool sizing). Raises on any refused value."""
-    ns, rest = split_argv(argv)
+def node_for(ns: argparse.Namespace) -> node_devices.NodeDevices:
+    """The devices planned for: --ess-explain-device with --ess-explain, else this machine's."""
+    forced = node_devices.parse_spec(ns.ess_explain_device)
+    if forced is not None and not ns.ess_explain:
+        raise PreflightError(f"--ess-explain-device {ns.ess_explain_device} without --ess-explain: a server runs on "
+                             "the devices it has; add --ess-explain to see the plan for that node")
+    return forced or node_devices.detect()
+
+
+def resolve(argv: list[str], has_cuda: bool, devices: node_devices.NodeDevices | None = None):
+    """(ESS config, launcher flags, argv for SGLang, pool sizing). Raises on any refused value."""
+    ns, rest, _ = split_argv(argv)
     flags = {f.name: getattr(ns, "ess_" + f.name) for f in FIELDS}
     cfg = build_config(ns.ess_config, flags)
-    sgl_argv, sizing = fill_defaults(rest, cfg, has_cuda)
+    sgl_argv, sizing = fill_defaults(rest, cfg, has_cuda, devices)
     return cfg, ns, sgl_argv, sizing
+
+
+def check_parallel(sgl_argv: list[str]) -> None:
+    """Parallel layouts SGLang would stop on (compat.parallel_refusals), from the parsed flags: before the
+    plugins load and anything starts. Raises PreflightError."""
+    from . import compat
+
+    flags = sglang_flags()
+    args = argparse.Namespace(**{**flags.defaults, **flags.parse(sgl_argv, quiet=True).sglang})
+    refused = compat.parallel_refusals(args)
+    if refused:
+        raise PreflightError("; ".join(refused))
+
+
+def explain(cfg, sizing: dict, sgl_argv: list[str], user_set: dict, devices) -> None:
+    """--ess-explain: the report, then exit 0."""
+    from . import explain as report
+
+    flags = sglang_flags()
+    fields = flags.parse(sgl_argv, quiet=True).sglang
+    print(report.render(cfg, sizing, sgl_argv, fields, set(user_set), flags.defaults,
+                        {d: flags.flag(d) for d in fields}, devices, parallel_layout(sgl_argv)), end="", flush=True)
+    sys.exit(0)
 
 
 def _die(code: int, message: str) -> None:
@@ -135,12 +195,14 @@ def main(argv: list[str] | None = None) -> None:
     if "-h" in argv or "--help" in argv:
         print_help()
         return
-    import torch
-
-    has_cuda = torch.cuda.is_available()
     try:
-        cfg, ns, sgl_argv, sizing = resolve(argv, has_cuda)
-        sgl_argv, found_keys = auth_keys.take_keys(sgl_argv)
+        ns, rest, user_set = split_argv(argv)
+        check_parallel(rest)
+        devices = node_for(ns)
+        has_cuda = devices.has_cuda
+        cfg = build_config(ns.ess_config, {f.name: getattr(ns, "ess_" + f.name) for f in FIELDS})
+        sgl_argv, sizing = fill_defaults(rest, cfg, has_cuda, devices)
+        sgl_argv, found_keys = auth_keys.take_keys(sgl_argv, key_files=ns)
         ops = build_ops_config(ns, enable_metrics=has_flag(sgl_argv, "--enable-metrics"),
                                enable_deterministic_inference=has_flag(sgl_argv, "--enable-deterministic-inference"))
         host, port = flag_value(sgl_argv, "--host"), int_flag(sgl_argv, "--port")
@@ -149,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
         _die(exit_codes.PORT_IN_USE, str(e))
     except (EssConfigError, OpsConfigError, PreflightError) as e:
         _die(exit_codes.CONFIG, str(e))
+    if ns.ess_explain:
+        explain(cfg, sizing, sgl_argv, user_set, devices)
     keys = Keys(api_key=found_keys["--api-key"], admin_api_key=found_keys["--admin-api-key"],
                 internal_token=route_guard.new_internal_token(),
                 enable_blocking_routes=ops.guard_enable_blocking_routes)

@@ -1,0 +1,85 @@
+"""``--ess-explain``: what a launch would do, printed, with nothing loaded and no process started.
+
+After every check the launcher runs before the model loads (flags, parallel layout, host pool against
+host memory, hot slots against index_topk, hot buffers against GPU memory, the port), it prints the
+argv it would hand SGLang, the SGLang fields that differ from SGLang's defaults (and who set each),
+and the ESS plan with where every number came from; then the launcher exits 0. With
+``--ess-explain-device cuda:N:GiB`` (node_devices.py) the plan is the one for a node of N such GPUs,
+on any machine. Owns no state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sgl_ess.config import EssConfig
+from sgl_ess.serving.redact import redact, redact_argv
+
+from .node_devices import GIB, NodeDevices
+
+GB = 1e9
+
+
+def _gb(n) -> str:
+    """Bytes for a reader, and exact (tests and scripts read the number in parentheses)."""
+    if n is None:
+        return "unknown"
+    return f"{n / GB:.2f} GB ({n} B)" if n >= GB / 10 else f"{n / 1e6:.3f} MB ({n} B)"
+
+
+def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, Any], user_set: set[str],
+           sglang_defaults: dict[str, Any], flag_names: dict[str, str], devices: NodeDevices,
+           layout: dict) -> str:
+    """The report. `fields`: SGLang dest -> value as SGLang's parser reads `sgl_argv`; `user_set`: the
+    dests the user gave; `flag_names`: dest -> SGLang's full flag name."""
+    lines = ["sgl_ess.launch_server --ess-explain: preflight passed; nothing was loaded and no process started.",
+             "", f"node: {devices.describe()}"]
+    mem = sizing.get("host_memory", {})
+    lines.append(f"host memory: MemTotal {_gb(mem.get('mem_total_bytes'))}, MemAvailable "
+                 f"{_gb(mem.get('mem_available_bytes'))}, usable host memory {_gb(mem.get('usable_bytes'))} "
+                 f"(MemAvailable minus the safety margin)")
+    dp_attn = " (DP attention)" if layout["dp_attention"] else ""
+    lines.append(f"parallel layout: tp {layout['tp']}, dp {layout['dp']}{dp_attn}, pp {layout['pp']}, nnodes "
+                 f"{layout['nnodes']}: {layout['ranks_per_node']} rank(s) per node")
+    lines += ["", "SGLang arguments (the argv the launcher hands SGLang 0.5.23):",
+              "  " + " ".join(redact_argv(sgl_argv)),
+              "SGLang fields that differ from SGLang's defaults (as SGLang's parser reads the argv above):"]
+    for dest, value in redact(fields).items():                          # key-shaped fields: values hidden
+        if dest in sglang_defaults and sglang_defaults[dest] == fields[dest]:
+            continue
+        text = f"{dest} = {value!r}"
+        who = "given" if dest in user_set else "launcher default"
+        lines.append(f"  {text:<60} {flag_names.get(dest, '')} ({who})")
+    lines += ["", f"ESS plan (ESS {'on' if cfg.enabled else 'off'}):"]
+    if not cfg.enabled:
+        lines.append(f"  token pool (SGLang's own, on the device): {sizing['tokens']} tokens ({sizing['source']})")
+        return "\n".join(lines) + "\n"
+    model = sizing.get("model")
+    if model is None:
+        lines.append("  the model's config has no MLA latent: no ESS sizing applies")
+        return "\n".join(lines) + "\n"
+    lines.append(f"  model: {model['path']}: {model['layers']} layers, latent row {model['latent_row_bytes']} B per "
+                 f"token per layer (kv cache dtype {model['kv_cache_dtype'] or 'SGLang default'}), index_topk "
+                 f"{model['index_topk']} (read through transformers.AutoConfig)")
+    pools, per_pool = sizing["pools_per_node"], sizing["host_bytes_expected"]
+    who = "one per attention-TP group, shared by its ranks" if pools < layout["ranks_per_node"] else "one per rank"
+    lines.append(f"  host pool per node: {_gb(sizing['host_bytes_per_node'])} = {pools} host pool(s) per node x "
+                 f"{_gb(per_pool)} per pool ({who}; --ess-share-host-pool)")
+    lines.append(f"  host pool per pool: {sizing['tokens']} tokens (--max-total-tokens) = ({sizing['tokens']} + "
+                 f"{sizing['page_size']} padding) x {model['layers']} layers x {model['latent_row_bytes']} B")
+    lines.append(f"  host pool sized by: {sizing['source']}")
+    hot = sizing.get("hot_slots_per_request")
+    if hot:
+        src = (f"--ess-hot-slots-per-request {cfg.hot_slots_per_request}" if cfg.hot_slots_per_request else
+               f"--ess-max-gpu-buffer-size-gb {cfg.max_gpu_buffer_size_gb:g}" if cfg.max_gpu_buffer_size_gb else
+               f"default 4 x index_topk {model['index_topk']}; set --ess-hot-slots-per-request to change")
+        lines.append(f"  hot slots per request: {hot} per layer ({src}); needs >= index_topk + 1 = "
+                     f"{model['index_topk'] + 1}")
+        dev = sizing["hot_bytes_per_device"]
+        of = (f" of {devices.gpu_memory_bytes / GIB:.1f} GiB per GPU" if devices.has_cuda and devices.gpu_memory_bytes
+              else "")
+        lines.append(f"  device bytes per {'GPU' if devices.has_cuda else 'rank'} (hot buffers): {_gb(dev)}"
+                     f"{of} = {sizing['request_rows']} request rows (--max-running-requests "
+                     f"+ 1 padding) x {hot} slots x {model['layers']} layers x {model['latent_row_bytes']} B")
+    lines.append("  (SGLang's own resolution and the model load run at launch, not here)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,131 @@
+"""How one node's ESS memory is sized before anything loads: the host pool(s) in host memory and the
+hot buffers on each GPU. Called by launcher_defaults.fill_defaults; the result (a dict, exported as
+``SGLESS_POOL_SIZING``, printed by ``--ess-explain``) says where every number came from.
+
+Host pool, per NODE (with ESS on, SGLang's token pool IS the host pool; one per rank, or one per
+attention-TP group when its ranks share it - core/parallel_layout.py):
+  * ``--ess-memory-pool-size-gb G``: the node's budget, G / pools per node for each pool;
+  * ``--max-total-tokens N``: N tokens per pool (both given: refused unless they agree);
+  * neither, on CUDA: the node's usable host memory (MemAvailable minus the safety margin,
+    serving/host_memory.py) / pools per node - named as a default in every message;
+  * neither, on CPU: 65536 tokens per pool (16384 with ESS off), also named as a default.
+The node's pools together are then checked against usable host memory. Hot buffers: the slots per
+request per layer (core/hot_slots.py) x request rows x layers x row bytes, on each GPU; checked
+against the GPU's memory when it is known. Owns no memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Optional
+
+from sgl_ess.config import EssConfig
+from sgl_ess.core.parallel_layout import host_pool_bytes
+from sgl_ess.serving import host_memory
+from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, ModelGeometry, PreflightError, check_hot_slots,
+                                       resolve_pool_tokens)
+
+from .argv_view import flag_value, has_flag, int_flag, parallel_layout, pools_per_node
+from .node_devices import GIB, NodeDevices
+
+logger = logging.getLogger("sgl_ess")
+
+DEFAULT_HOST_TOKENS = 65536          # ESS on, CPU: host pool tokens when nothing sizes it
+DEFAULT_DEVICE_TOKENS = 16384        # ESS off: device pool tokens when nothing sizes it
+
+GeometryReader = Callable[[str, bool, Optional[str]], Optional[ModelGeometry]]
+
+
+def read_geometry(model: str, trust_remote_code: bool, revision: Optional[str]) -> Optional[ModelGeometry]:
+    from .model_config import load_geometry
+
+    return load_geometry(model, trust_remote_code, revision)
+
+
+def fp8_geometry(geo: ModelGeometry) -> ModelGeometry:
+    """The geometry with FlashMLA's FP8 row: kv_lora_rank fp8 + 4 B scale per 128 + rope bf16."""
+    r, p = geo.kv_lora_rank, geo.qk_rope_head_dim
+    if r is None or p is None:
+        return geo
+    return dataclasses.replace(geo, latent_row_bytes=r + 4 * (r // 128) + 2 * p)
+
+
+def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: GeometryReader = read_geometry
+         ) -> tuple[dict, Optional[ModelGeometry]]:
+    """(the sizing of `out`, the model's geometry as sized: None with ESS off or without an MLA latent).
+    `out` is the SGLang argv so far; --max-total-tokens is appended when the launcher chose it. Raises
+    PreflightError."""
+    has_cuda = devices.has_cuda
+    model = flag_value(out, "--model-path") or ""
+    geo = geometry(model, has_flag(out, "--trust-remote-code"), flag_value(out, "--revision")) if cfg.enabled else None
+    if geo is not None and flag_value(out, "--kv-cache-dtype") == "fp8_e4m3":
+        geo = fp8_geometry(geo)
+    page = int_flag(out, "--page-size") or DSA_PAGE_SIZE
+    given = int_flag(out, "--max-total-tokens")
+    lay = parallel_layout(out)
+    pools = pools_per_node(lay, has_cuda, cfg.share_host_pool) if cfg.enabled else 1
+    info = host_memory.meminfo()
+    usable = host_memory.usable_bytes(info)
+    pool_gb, budget_source = cfg.memory_pool_size_gb, None
+    if has_cuda and cfg.enabled and not pool_gb and given is None and usable:
+        pool_gb = usable / 1e9
+        margin = host_memory.safety_margin_bytes(info["MemTotal"])
+        budget_source = (f"default {pool_gb:.2f} GB per node = usable host memory (MemAvailable "
+                         f"{info['MemAvailable'] / 1e9:.2f} GB - {margin / 1e9:.2f} GB kept free) / {pools} host "
+                         f"pool(s) per node; set --ess-memory-pool-size-gb to change")
+    default = DEFAULT_HOST_TOKENS if cfg.enabled else DEFAULT_DEVICE_TOKENS
+    tokens, source = resolve_pool_tokens(cfg.enabled, pool_gb, given, geo, page, default, pools=pools,
+                                         budget_source=budget_source)
+    if source == "launcher default":
+        source = (f"default {tokens} tokens per pool (the launcher's default{' on CPU' if cfg.enabled else ''}; set "
+                  f"--max-total-tokens{' or --ess-memory-pool-size-gb' if cfg.enabled else ''} to change)")
+    if given is None:
+        out += ["--max-total-tokens", str(tokens)]
+    if budget_source:
+        logger.info("ESS host pool: %s: %d tokens per pool", budget_source, tokens)
+    if not cfg.enabled and cfg.memory_pool_size_gb:
+        logger.warning("memory_pool_size_gb=%g is NOT applied: ESS is off, so there is no host pool; the device "
+                       "pool has %d tokens (%s)", cfg.memory_pool_size_gb, tokens, source)
+    sizing = {"tokens": tokens, "source": source, "ess_enabled": cfg.enabled, "page_size": page,
+              "memory_pool_size_gb_requested": cfg.memory_pool_size_gb or None,
+              "host_memory": {"mem_total_bytes": info.get("MemTotal"), "mem_available_bytes": info.get("MemAvailable"),
+                              "usable_bytes": usable},
+              "devices": dataclasses.asdict(devices)}
+    if cfg.enabled and geo is not None:
+        sizing["model"] = {"path": model, "layers": geo.layers, "latent_row_bytes": geo.latent_row_bytes,
+                           "index_topk": geo.index_topk, "kv_cache_dtype": flag_value(out, "--kv-cache-dtype")}
+        sizing["host_bytes_expected"] = host_pool_bytes(tokens, page, geo.layers, geo.latent_row_bytes)
+        sizing.update(pools_per_node=pools, ranks_per_node=lay["ranks_per_node"],
+                      host_bytes_per_node=pools * sizing["host_bytes_expected"])
+        if pools > 1 or lay["ranks_per_node"] > 1:
+            logger.info("ESS host pools on this node: %d pool(s) of %.3f GB = %.3f GB for %d rank(s) (%s)", pools,
+                        sizing["host_bytes_expected"] / 1e9, sizing["host_bytes_per_node"] / 1e9,
+                        lay["ranks_per_node"], "one per attention-TP group on this node, shared by its ranks"
+                        if pools < lay["ranks_per_node"] else "one per rank")
+        host_memory.check_host_pool(sizing["host_bytes_per_node"],
+                                    source if pools == 1 or budget_source or cfg.memory_pool_size_gb
+                                    else f"{source}, x {pools} pools on this node")
+        running = int_flag(out, "--max-running-requests")
+        sizing["hot_slots_per_request"] = check_hot_slots(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
+                                                          geo, running)
+        if sizing["hot_slots_per_request"]:
+            rows = running + 1                               # SGLang keeps one padding request row
+            sizing["request_rows"] = rows
+            sizing["hot_bytes_per_device"] = geo.layers * rows * sizing["hot_slots_per_request"] * geo.latent_row_bytes
+        if has_cuda:
+            check_gpus(devices, lay["ranks_per_node"], sizing.get("hot_bytes_per_device"))
+    return sizing, geo
+
+
+def check_gpus(devices: NodeDevices, ranks_per_node: int, hot_bytes: Optional[int]) -> None:
+    """Each rank of the node needs a GPU of its own, and each GPU must hold its rank's hot buffers."""
+    if devices.gpus and ranks_per_node > devices.gpus:
+        raise PreflightError(f"{ranks_per_node} ranks per node (--tp-size x --pp-size, x --dp-size without DP "
+                             f"attention, / --nnodes) but the node has {devices.gpus} GPU(s) ({devices.source}); "
+                             f"lower --tp-size / --dp-size, or spread the ranks with --nnodes")
+    if hot_bytes and devices.gpu_memory_bytes and hot_bytes > devices.gpu_memory_bytes:
+        raise PreflightError(f"the ESS hot buffers need {hot_bytes / GIB:.1f} GiB on each GPU, but a GPU has "
+                             f"{devices.gpu_memory_bytes / GIB:.1f} GiB ({devices.source}); lower "
+                             f"--ess-hot-slots-per-request or --max-running-requests, or set "
+                             f"--ess-max-gpu-buffer-size-gb")

@@ -1,0 +1,74 @@
+"""Issue 33, item 3: the host pool is sized per NODE from the parallel layout, a computed default is
+named as a default, and the node's GPUs bound the ranks and the hot buffers
+(sgl_ess/integration/sglang/launcher/pool_plan.py; the model's geometry is given, not read)."""
+import pytest
+
+from sgl_ess.config import build_config
+from sgl_ess.integration.sglang.launcher import launcher_defaults as ld
+from sgl_ess.integration.sglang.launcher.node_devices import GIB, NodeDevices, parse_spec
+from sgl_ess.serving import host_memory
+from sgl_ess.serving.preflight import ModelGeometry, PreflightError
+
+GB = 10 ** 9
+DSV32 = ModelGeometry(layers=61, latent_row_bytes=1152, index_topk=2048, vocab_size=129280, kv_lora_rank=512,
+                      qk_rope_head_dim=64)
+H200_NODE = NodeDevices("cuda", 8, 141 * GIB, "test")
+MEM = {"MemTotal": 2048 * GB, "MemAvailable": 1800 * GB}          # usable: 1800 - 204.8 GB kept free
+
+
+def _plan(argv, devices=H200_NODE, **flags):
+    cfg = build_config(None, {k: str(v) for k, v in flags.items()}, environ={})
+    return ld.fill_defaults(["--model-path", "deepseek-ai/DeepSeek-V3.2", *argv], cfg, devices.has_cuda, devices,
+                            geometry=lambda model, trust, revision: DSV32)
+
+
+@pytest.fixture(autouse=True)
+def _meminfo(monkeypatch):
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": dict(MEM))
+
+
+def test_tp8_default_shares_the_nodes_usable_memory_among_its_eight_pools():
+    out, s = _plan(["--tp-size", "8"])
+    usable = host_memory.usable_bytes(MEM)
+    assert s["pools_per_node"] == 8 and s["host_bytes_per_node"] <= usable
+    assert s["host_bytes_per_node"] > 0.99 * usable                  # the budget is used, not 1/8 of it
+    row = 512 + 4 * 4 + 2 * 64                                       # FlashMLA's FP8 row: 656 B
+    assert s["host_bytes_expected"] == (s["tokens"] + 64) * 61 * row
+    assert s["source"].startswith("default ") and "usable host memory" in s["source"] and \
+        "/ 8 host pool(s) per node" in s["source"] and "set --ess-memory-pool-size-gb to change" in s["source"]
+    assert ld.flag_value(out, "--max-total-tokens") == str(s["tokens"])
+
+
+def test_an_explicit_budget_is_the_nodes_and_is_split_over_its_pools():
+    _, one = _plan(["--tp-size", "8"], memory_pool_size_gb=400, share_host_pool="on")
+    _, eight = _plan(["--tp-size", "8"], memory_pool_size_gb=400)
+    assert one["pools_per_node"] == 1 and eight["pools_per_node"] == 8
+    assert one["host_bytes_per_node"] <= 400 * GB and eight["host_bytes_per_node"] <= 400 * GB
+    assert eight["tokens"] < one["tokens"] // 7
+    assert eight["source"] == "--ess-memory-pool-size-gb 400 per node / 8 host pools on the node"
+    with pytest.raises(PreflightError, match=r"--ess-memory-pool-size-gb 5000 per node.*lower "
+                                             r"--ess-memory-pool-size-gb"):
+        _plan(["--tp-size", "8"], memory_pool_size_gb=5000)
+
+
+def test_the_cpu_default_is_named_as_a_default():
+    _, s = _plan([], devices=NodeDevices("cpu"))
+    assert s["tokens"] == 65536 and s["source"].startswith("default 65536 tokens per pool")
+
+
+def test_the_nodes_gpus_bound_the_ranks_and_the_hot_buffers():
+    with pytest.raises(PreflightError, match=r"8 ranks per node .* the node has 4 GPU"):
+        _plan(["--tp-size", "8"], devices=NodeDevices("cuda", 4, 141 * GIB, "test"))
+    _plan(["--tp-size", "8", "--nnodes", "2"], devices=NodeDevices("cuda", 4, 141 * GIB, "test"))
+    _, s = _plan(["--tp-size", "8"])
+    assert s["hot_bytes_per_device"] == 61 * 65 * 8192 * 656       # 4 x index_topk slots, 64 + 1 request rows
+    with pytest.raises(PreflightError, match=r"hot buffers need .* GiB on each GPU, but a GPU has 16\.0 GiB"):
+        _plan(["--tp-size", "8"], devices=NodeDevices("cuda", 8, 16 * GIB, "test"))
+
+
+def test_device_specs():
+    assert parse_spec("auto") is None and parse_spec("cpu").kind == "cpu"
+    assert parse_spec("cuda:8:141") == NodeDevices("cuda", 8, 141 * GIB, "--ess-explain-device cuda:8:141")
+    for bad in ("cuda", "cuda:0:80", "gpu:8:80", "cuda:8:-1"):
+        with pytest.raises(PreflightError, match="expected auto, cpu or cuda:N:GiB"):
+            parse_spec(bad)

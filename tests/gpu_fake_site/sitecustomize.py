@@ -4,8 +4,10 @@ runs the CUDA path's classes: SGLang's DSA backend replaced by ESS's CUDA subcla
 (cuda_backend.backend_class, as cuda_backend.register does on a GPU), the store on the CUDA
 side-stream engine (prefetch/stream_engine.StreamEngine) whose streams complete work late and out of
 order (tests/stream_doubles.LateStreams). Swapped, and nothing else: FlashMLA -> the torch sparse
-MLA (tests/integration/_cuda_fake.flash_mla_stub), MTP verify's fp32 torch attention -> float64 (both
-as the CPU path accumulates, so outputs compare exactly), SGLang's FP8 quantizer -> identity (BF16 rows),
+MLA (tests/integration/_cuda_fake.flash_mla_stub, reading FP8 rows by FlashMLA's layout), MTP verify's
+fp32 torch attention -> float64 (both as the CPU path accumulates, so outputs compare exactly), SGLang's
+FP8 quantizer (Triton) -> its formula in torch, FlashAttention's varlen MHA -> torch, SGLang's
+get_device_sm -> 90,
 its seqlens Triton kernel -> torch, our Triton decode -> its torch reference, the device capability
 -> (9, 0), the stream runtime -> the late double; and the CPU graph runner's padding value (a method
 SGLang asks of backends on a CPU device) answered by the class's CUDA one. Python runs sitecustomize at start, so SGLang's
@@ -22,9 +24,9 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
         sys.path.append(_REPO)
 
     def _dsa_backend(mod):
-        from tests.integration._cuda_fake import ref_seqlens_expand
+        from tests.integration._cuda_fake import ref_quantize_k_cache, ref_seqlens_expand
 
-        mod.quantize_k_cache = lambda kv, dv=None: kv
+        mod.quantize_k_cache = ref_quantize_k_cache         # SGLang's FP8 writer's formula (flashmla_kv)
         mod.seqlens_expand_triton = ref_seqlens_expand
         from tests.integration._cuda_fake import ref_flash_attn_varlen
 
@@ -36,6 +38,12 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
         # pads with it); its DSA backend, CUDA-only, has the CUDA method alone: the same value
         cls.get_cpu_graph_seq_len_fill_value = lambda self: self.get_cuda_graph_seq_len_fill_value()
         mod.DeepseekSparseAttnBackend = cls
+
+    def _memory_pool(mod):
+        from tests.integration._cuda_fake import ref_quantize_k_cache, ref_quantize_k_cache_separate
+
+        mod.quantize_k_cache = ref_quantize_k_cache         # an FP8 pool's writes: SGLang's formula, torch
+        mod.quantize_k_cache_separate = ref_quantize_k_cache_separate
 
     def _triton_decode(mod):
         from sgl_ess.attention.reference import sparse_mla_decode
@@ -75,6 +83,7 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
 
     _PATCHES = {"sglang.kernels.ops.attention": _flash_mla_stub,
                 "sglang.srt.layers.attention.dsa_backend": _dsa_backend,
+                "sglang.srt.mem_cache.memory_pool": _memory_pool,
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
                 "sgl_ess.store.latent_store": _latent_store,
                 "sgl_ess.integration.sglang.backends.cuda_backend": _cuda_backend,

@@ -77,6 +77,19 @@ def ref_quantize_k_cache(cache_k: torch.Tensor, dv: int | None = None) -> torch.
     return out.view(torch.float8_e4m3fn).reshape(*lead, -1)
 
 
+def ref_quantize_k_cache_separate(k_nope: torch.Tensor, k_rope: torch.Tensor | None, tile_size: int = 128):
+    """SGLang's quantize_k_cache_separate (the same kernel, two outputs) in torch: (nope codes ++ fp32
+    scales as uint8 [n, dv + 4 * dv / 128], rope bf16 bytes as uint8 [n, 2 * rope])."""
+    if tile_size != FP8_TILE:
+        raise ValueError(f"ref_quantize_k_cache_separate: tile {tile_size}, only {FP8_TILE} is reproduced")
+    nope = k_nope.reshape(k_nope.shape[0], -1)
+    rope = (k_rope.reshape(nope.shape[0], -1) if k_rope is not None and k_rope.numel()
+            else nope.new_empty(nope.shape[0], 0))
+    rows = ref_quantize_k_cache(torch.cat([nope, rope], dim=1), nope.shape[1]).view(torch.uint8)
+    cut = nope.shape[1] + 4 * (nope.shape[1] // FP8_TILE)
+    return rows[:, :cut].unsqueeze(1), rows[:, cut:].unsqueeze(1)
+
+
 def dequant_flashmla_fp8(k_cache: torch.Tensor, d_nope: int) -> torch.Tensor:
     """FlashMLA's FP8 KV cache (its README, "FP8 KV cache" of sparse decoding; SGLang's
     kv_format "V32"), read back: each token's row is d_nope float8_e4m3 NoPE values, then one fp32

@@ -2,8 +2,9 @@
 this CPU runs the classes that ship on a GPU - SGLang's DSA backend replaced by ESS's CUDA subclass
 (cuda_backend.py), its store on the CUDA side-stream engine - in every SGLang process, with only the
 device kernels and the stream runtime swapped (tests/gpu_fake_site/sitecustomize.py: FlashMLA -> a
-torch sparse MLA, SGLang's FP8 quantizer -> identity, the streams -> a double that completes work
-late and out of order). Real processes, real HTTP. Checked against the suite's reference, a server
+torch sparse MLA, SGLang's FP8 quantizer -> its formula in torch, the streams -> a double that
+completes work late and out of order), and SGLang asking the device answered as an H200 (sm 90:
+its prefill dispatch would run short prompts as dense MHA one-shot; issue 32). Real processes, real HTTP. Checked against the suite's reference, a server
 with ESS off (every latent in SGLang's device pool, the CPU torch attention): greedy tokens and
 log-probs equal on contexts several times the hot buffer, under concurrent clients; request rows
 are reused by later requests; requests aborted mid-decode; live host rows and hot buffers back to
@@ -25,6 +26,10 @@ GPU_FAKE_ENV = {"SGLESS_TEST_GPU_FAKE": "1", "SGLANG_OPT_USE_TOPK_V2": "0",
 COMMON = ["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse", "--max-running-requests", "8"]
 PROMPTS = [("def f%d(x):\n    return x * %d + %d\n" % (i, i, i * 3)) * (20 + 9 * i) for i in range(5)]
 NEW_TOKENS = 20
+# Two different short prompts (far below SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD, 2048 tokens: on
+# sm_90 SGLang's DSA backend would prefill them as dense MHA one-shot), sent one at a time so the second
+# takes the request row the first just freed (issue 32, defect 1)
+SHORT = ["The capital of France is", "List three prime numbers:"]
 
 
 def _batch(server):
@@ -32,6 +37,12 @@ def _batch(server):
         outs = list(ex.map(lambda p: server.generate(p, NEW_TOKENS), PROMPTS))
     return [([t[1] for t in o["meta_info"]["output_token_logprobs"]],
              [t[0] for t in o["meta_info"]["output_token_logprobs"]], o["meta_info"]["prompt_tokens"]) for o in outs]
+
+
+def _one(server, prompt):
+    o = server.generate(prompt, NEW_TOKENS)
+    lp = o["meta_info"]["output_token_logprobs"]
+    return [t[1] for t in lp], [t[0] for t in lp], o["meta_info"]["prompt_tokens"]
 
 
 def _abort(server, i):
@@ -49,6 +60,11 @@ def runs():
         try:
             srv.wait_healthy()
             out[name] = {"first": _batch(srv), "again": _batch(srv)}   # the second batch reuses request rows
+            if name == "on":
+                out["warm_before_short"] = srv.ess_usage()["warmup_rows"]
+            out[name]["short"] = [_one(srv, p) for p in SHORT]          # one at a time: one request row
+            if name == "on":
+                out["usage_after_short"] = srv.ess_usage()
             if name == "on":
                 out["usage_after_batches"] = srv.ess_usage()
                 with cf.ThreadPoolExecutor(3) as ex:
@@ -77,6 +93,20 @@ def test_gpu_fake_server_ess_on_equals_off(runs):
             assert on[0] == off[0], f"{when} batch, request {i}: tokens differ ESS on vs off through the CUDA class"
             assert on[1] == off[1], f"{when} batch, request {i}: log-probs differ"
     assert len(set(runs["on"]["first"][0][0])) > 4             # not a degenerate repetition
+
+
+def test_gpu_fake_server_short_prompts_go_through_the_store(runs):
+    """Issue 32, defect 1: the fake answers sm_90 (get_device_sm, the capability), where SGLang's DSA
+    backend prefills short prompts as dense MHA one-shot and the ESS extend path never runs (no hot
+    buffer opened or warmed); the next request on that row then decoded from the first one's slot map.
+    Each short request must open and warm its hot buffer, and its tokens and log-probs equal ESS off."""
+    for i, (on, off) in enumerate(zip(runs["on"]["short"], runs["off"]["short"])):
+        assert on[2] <= 2048, "a short prompt: below SGLang's dense-MHA threshold"
+        assert on[0] == off[0], f"short request {i}: tokens differ ESS on vs off ({on[0]} vs {off[0]})"
+        assert on[1] == off[1], f"short request {i}: log-probs differ"
+    u = runs["usage_after_short"]
+    assert u["warmup_rows"] > runs["warm_before_short"], "short prompts never warmed a hot buffer (the ESS extend path did not run)"
+    assert u["hot_requests_open"] == 0, u
 
 
 def test_gpu_fake_server_aborts_release_everything_without_a_flush(runs):

@@ -19,6 +19,8 @@ in ``SGLESS_OPS``. No torch, no sglang.
 | guard_max_pattern_kb       | 64      | each stop_regex / regex / json_schema / ebnf / structural tag     |
 | guard_allow_backtracking_stop_regex | false | stop_regex RE2 cannot compile goes to Python re (budgeted) |
 | guard_pattern_budget_ms    | 250     | one request's stop_regex evaluation in one scheduler step        |
+| guard_header_timeout_s     | 20.0    | time for a connection to send a complete request head (0: none)  |
+| guard_max_connections_per_client | 256 | open connections from one client address (0: no bound)       |
 | guard_step_watchdog_s      | 30.0    | one scheduler step, before it is logged and /health says so      |
 """
 
@@ -52,6 +54,8 @@ class OpsConfig:
     guard_max_pattern_kb: float = 64.0
     guard_allow_backtracking_stop_regex: bool = False
     guard_pattern_budget_ms: float = 250.0
+    guard_header_timeout_s: float = 20.0
+    guard_max_connections_per_client: int = 256
     guard_step_watchdog_s: float = 30.0
     # filled by the launcher, not flags
     enable_metrics: bool = False
@@ -70,6 +74,12 @@ HELP = {
                              "for the 'transfer bandwidth saturated' alert.",
     "health_timeout_s": "Seconds /health waits for each scheduler's ESS state before answering 503.",
     "guard_max_body_mb": "Largest request body in MiB; a larger one is refused with 413 before it is parsed.",
+    "guard_header_timeout_s": "Seconds a connection has to send a complete request line and headers (from "
+                              "connecting, and from the first byte of each later request); then it is closed "
+                              "(slow-header clients). 0: no deadline.",
+    "guard_max_connections_per_client": "Open connections allowed from one client address; one more is answered "
+                                        "503 and closed. Behind a proxy every client has the proxy's address: "
+                                        "raise it there. 0: no bound.",
     "guard_enable_blocking_routes": "Serve the routes that can block the scheduler in a rendezvous with a peer the "
                                     "request names (/init_weights_update_group, /update_weights_from_distributed, "
                                     "remote-instance weight transfer); they also need --admin-api-key.",
@@ -92,7 +102,8 @@ HELP = {
                              "being evaluated is aborted.",
 }
 FLAG_FIELDS = tuple(HELP)
-MINIMUM = {"guard_max_n": 1, "guard_max_batch": 1, "guard_max_top_logprobs": 0, "metrics_link_gb_per_s": 1e-9,
+MINIMUM = {"guard_header_timeout_s": 0.0, "guard_max_connections_per_client": 0,
+           "guard_max_n": 1, "guard_max_batch": 1, "guard_max_top_logprobs": 0, "metrics_link_gb_per_s": 1e-9,
            "health_timeout_s": 0.1, "guard_max_body_mb": 1e-3, "guard_blocking_timeout_s": 0.1,
            "ess_drain_timeout_s": 0.0, "guard_max_pattern_kb": 0.001, "guard_pattern_budget_ms": 1.0,
            "guard_step_watchdog_s": 0.1}
@@ -108,6 +119,10 @@ def add_ops_args(parser: argparse.ArgumentParser) -> None:
         meta = {bool: "BOOL", str: "DIR"}.get(kind, kind.__name__.upper())
         g.add_argument(flag, dest="ops_" + name, default=None, metavar=meta,
                        help=f"{HELP[name]} (default: {getattr(defaults, name)})")
+    for who, env in (("api", "SGLESS_API_KEY"), ("admin-api", "SGLESS_ADMIN_API_KEY")):
+        g.add_argument(f"--{who}-key-file", dest=f"{who.replace('-', '_')}_key_file", default=None, metavar="PATH",
+                       help=f"Read the --{who}-key from PATH (one line) rather than the command line, where every "
+                            f"local user can read it; or set {env}. One source per key.")
 
 
 def build_ops_config(ns: argparse.Namespace, **launcher_facts) -> OpsConfig:

@@ -16,6 +16,8 @@ nothing outside the processes of ``python -m sgl_ess.launch_server`` (``plugin.e
     outputs can still depend on what else is in the batch. SGLang calls the method in every model
     runner; without --enable-deterministic-inference it does nothing and no warning is written.
   * every log record of the process is redacted of secret-shaped values (log_redaction.py).
+  * ``init_custom_process_group`` AROUND, where the blocking routes call it: the rendezvous is bounded
+    by ``--guard-blocking-timeout-s`` (routes/rendezvous_bound.py).
   * ``Req._check_str_based_finish`` AROUND (launcher-started servers): stop_regex with RE2 within
     a per-request budget (observe/pattern_eval.py, issue 38); ``Scheduler.run_batch`` /
     ``process_batch_result`` AROUND: the step watchdog (observe/scheduler_watchdog.py);
@@ -104,6 +106,9 @@ def load_plugin() -> None:
     from .launcher import log_redaction
 
     log_redaction.install()                          # every process: no secret in a log line
+    from .routes import rendezvous_bound
+
+    rendezvous_bound.register()                      # blocking routes: rendezvous bounded by the guard's timeout
     from sglang.srt.arg_groups.choices import (
         DETERMINISTIC_ATTENTION_BACKEND_CHOICES,
         RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND,

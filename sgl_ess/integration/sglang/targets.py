@@ -24,6 +24,9 @@ MOONCAKE_SENDER = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender"
 PAGES_RELEASE = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids"
 ALLOCATOR_CLEAR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear"
 DUMMY_WEIGHTS_INIT = "sglang.srt.model_loader.weight_utils.initialize_dummy_weights"
+WEIGHTS_GROUP_INIT = "sglang.srt.model_executor.model_runner_components.weight_updater.init_custom_process_group"
+SEND_GROUP_INIT = "sglang.srt.model_executor.model_runner_components.weight_exporter.init_custom_process_group"
+REMOTE_GROUP_INIT = "sglang.srt.connector.remote_instance.init_custom_process_group"
 DSA_BACKEND_CLASS = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 INDEXER_FORWARD_CUDA = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda"
 POOL_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
@@ -61,6 +64,11 @@ SPEC_CPU_OPS = {
 }
 
 PATCHED = {
+    WEIGHTS_GROUP_INIT: "AROUND: a call without timeout= gets --guard-blocking-timeout-s (torch's default: 30 min), "
+                        "so a silent peer of /init_weights_update_group cannot hold the scheduler longer "
+                        "(routes/rendezvous_bound.py)",
+    SEND_GROUP_INIT: "AROUND: the same for the remote-instance weight send group",
+    REMOTE_GROUP_INIT: "AROUND: the same for the remote-instance connector's group",
     MODEL_SPECIFIC_ADJUSTMENTS: "AROUND: answer torch.cuda.get_device_capability() with (9, 0) during DSA "
                                 "argument resolution when CUDA is absent",
     INDEXER_FORWARD_NATIVE: "REPLACE: exact pure-torch lightning indexer (SGLang raises NotImplementedError)",

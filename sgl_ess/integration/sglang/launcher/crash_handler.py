@@ -9,7 +9,8 @@ launcher names the process that died, stops the others, and exits with STARTUP_F
 PROCESS_DIED (5). Before it exits, every open request is ended with an error (shutdown.end_all)
 and the event loop gets a moment to send it, so a streaming client reads an error event rather
 than a body cut mid-stream. The launcher turns the coredump / py-spy waits off on machines
-without CUDA. SIGTERM starts shutdown.py's bounded drain.
+without CUDA. SIGTERM starts shutdown.py's bounded drain. Every exit here also removes the
+server's /dev/shm files (shm_files.py).
 
 A stop of the whole process group (``kill -TERM -PGID``, systemd's default ``KillMode=control-group``,
 a test harness) delivers SIGTERM to the schedulers too: they exit at once and the launcher sees them
@@ -30,7 +31,7 @@ import psutil
 
 from sgl_ess.serving import exit_codes
 
-from . import shutdown
+from . import shm_files, shutdown
 
 logger = logging.getLogger("sgl_ess.launch_server")
 _children: dict[int, str] = {}    # pid -> process title, recorded when the server is ready
@@ -51,6 +52,7 @@ def on_ready() -> None:
     _ready = True
     for p in psutil.Process().children(recursive=True):
         _children[p.pid] = _title(p)
+    shm_files.record()                                   # its /dev/shm files, removed at exit
 
 
 def is_ready() -> bool:
@@ -95,12 +97,14 @@ def fatal_exit(code: int, what: str) -> None:
            f"{exit_codes.NAMES[code]})"
     (logger.warning if code == exit_codes.OK else logger.error)(line)
     print(line, file=sys.stderr, flush=True)
+    shm_files.record()
     try:
         from sglang.srt.utils import kill_process_tree
 
         kill_process_tree(os.getpid(), include_parent=False, wait_timeout=10)
     except Exception:  # noqa: BLE001 - exiting anyway; what failed is in the log above
         logger.exception("stopping server processes")
+    shm_files.remove_all()
     os._exit(code)
 
 

@@ -157,8 +157,12 @@ def bind_cpu_threads(server_args, has_cuda: bool) -> str | None:
 
 
 def cleanup() -> None:
+    """At the launcher's exit: its rendezvous file and its server's /dev/shm files (shm_files.py)."""
+    from . import shm_files
+
     if _dist_file and os.path.exists(_dist_file):
         try:
             os.remove(_dist_file)
         except OSError:
             pass
+    shm_files.remove_all()

@@ -16,6 +16,10 @@ In order, for every HTTP request and websocket (official seam: ``http_server.app
      server's own key values (``sgl_ess.serving.redact``);
   7. a handler that raises ValueError / TypeError before answering (bad input SGLang did not check)
      gives a 400 with the scrubbed message instead of a 500 and a traceback.
+Below it, at the connection (connection_limits.py): a deadline for each request head and a bound on
+open connections per client address. HTTP/1.1 pipelining is kept: the guard reads a request's body
+only through ``receive`` and hands the rest of the connection back untouched
+(tests/integration/test_http_hardening.py sends pipelined requests on one connection).
 """
 
 from __future__ import annotations
@@ -290,7 +294,11 @@ def new_internal_token() -> str:
 
 
 def install(ops: OpsConfig, keys: rp.Keys) -> None:
-    """Add the route guard as the outermost middleware of SGLang's app (call it last)."""
+    """Add the route guard as the outermost middleware of SGLang's app (call it last), and the
+    connection limits below it (connection_limits.py: header deadline, connections per client)."""
     from sglang.srt.entrypoints import http_server
 
+    from . import connection_limits
+
     http_server.app.add_middleware(RouteGuardMiddleware, ops=ops, keys=keys)
+    connection_limits.install(ops.guard_header_timeout_s, ops.guard_max_connections_per_client)

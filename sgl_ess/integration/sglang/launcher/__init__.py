@@ -15,4 +15,5 @@
   dummy_init.py         unit-variance random weights for the embedded model, TP-consistent
   shutdown.py           bounded SIGTERM drain; open requests ended with an error event
   crash_handler.py      one clear line and a distinct exit code when a server process dies
+  shm_files.py          the server's /dev/shm files, found by its processes and removed on every exit path
 """

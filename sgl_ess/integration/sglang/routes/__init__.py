@@ -6,4 +6,6 @@
   health.py          ``GET /health`` reflecting ESS state
   status_route.py    ``GET /ess/status``
   runtime_config.py  ``POST /ess/overlap_level``: change the overlap level of a running server
+  connection_limits.py  below the app (uvicorn's protocol): request-head deadline, connections per client
+  rendezvous_bound.py   in the scheduler: the blocking routes' process-group rendezvous bounded by the guard's timeout
 """

@@ -10,7 +10,7 @@ from dataclasses import asdict, replace
 from .cli import build_configs, build_group, print_json_rows
 from .config import ModelSpec, ServingLayoutConfig, SimConfigError
 from .constants import const
-from .fit import headline_rows, kernel_overhead_for
+from .fit import headline_rows, kernel_overhead_for, kernel_scale_for
 from .hardware import get_hardware
 from .host_pools import HostPoolReport, host_pool_report, report_lines, resolve_layout
 from .planner import DEFAULT_RATIOS, PlanResult, plan, sizes
@@ -45,10 +45,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     print(table(rows, RUN_COLUMNS))
     prof = OpProfile.load(results[0].cfg.deploy.op_profile)
-    ko = kernel_overhead_for(prof)
-    how = "fitted on Table 2 row 1" if prof.model_name in (None, "deepseek_v32_exp") else \
-        "not fitted: no published point for this model"
-    print(f"step breakdown (ms); op profile {prof.name}, {ko:.2f} us per kernel launch ({how}):")
+    d = results[0].cfg.deploy
+    ko = kernel_overhead_for(prof, d.cuda_graph)
+    print(f"step breakdown (ms); op profile {prof.name}; {ko:.2f} us per kernel launch (published, CUDA graphs "
+          f"{'on' if d.cuda_graph else 'off'}); kernel time x {kernel_scale_for(prof):.3f} (fitted on DeepSeek's "
+          f"decode deployment):")
     for r in results:
         print(_breakdown(r))
     return 0
@@ -66,7 +67,7 @@ def headline() -> int:
     gain = res[1].tokens_per_s_per_node / res[0].tokens_per_s_per_node - 1
     paper_gain = paper[1]["tokens_per_s"] / paper[0]["tokens_per_s"] - 1
     print(f"\nESS gain: {gain:+.1%} (paper {paper_gain:+.1%})")
-    for r, p, how in zip(res, paper, ("fitted on this row", "prediction")):
+    for r, p, how in zip(res, paper, ("prediction", "prediction")):
         print(f"  batch {p['batch']} r={p['ratio']}: {r.tokens_per_s_per_node:.1f} tok/s vs paper "
               f"{p['tokens_per_s']} ({r.tokens_per_s_per_node / p['tokens_per_s'] - 1:+.2%}, {how})")
     print("every held-out point: python -m sgl_ess.sim validate")
@@ -112,8 +113,9 @@ def assumptions(cfg, prof: OpProfile) -> list[str]:
         f"every request at {w.context_tokens} tokens of context; MTP {w.mtp}, {w.accept_tokens:.3f} accepted tokens "
         f"per step; balanced expert routing",
         f"op profile {prof.name} ({'measured tables' if prof.tables else 'published kernel figures'}); "
-        f"{kernel_overhead_for(prof):.2f} us per kernel launch and {const('non_cache_reserve_GB')} GB non-cache "
-        f"reserve per GPU, both fitted on Table 2 row 1 only",
+        f"{kernel_overhead_for(prof, d.cuda_graph):.2f} us per kernel launch (published); kernel time x "
+        f"{kernel_scale_for(prof):.3f} (fitted on DeepSeek's decode deployment); {const('non_cache_reserve_GB')} GB "
+        f"non-cache reserve per GPU (fitted on the paper's batch-52 memory fact)",
         f"host->GPU {h2d_bytes_per_s(cfg.ess, hw) / GB:.1f} GB/s ({cfg.ess.transfer}); misses from exact LRU over a "
         f"synthetic locality trace (priors in data/constants.json); warmup {'on' if cfg.ess.warmup else 'off'}",
         "accuracy: see `python -m sgl_ess.sim validate` (errors on the paper's held-out points)",

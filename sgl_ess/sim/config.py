@@ -16,7 +16,15 @@ from typing import Any
 
 OVERLAP_STRATEGIES = ("none", "da", "dba", "full")
 TRANSFER_METHODS = ("flashtrans", "memcpy")
-KNOWN_MODELS = ("deepseek_v32_exp", "tiny_dsv32")
+KNOWN_MODELS = ("deepseek_v32_exp", "tiny_dsv32", "deepseek_v3", "glm_5", "glm_5_2")
+MODEL_ALIASES = {"v3.2": "deepseek_v32_exp", "deepseek-v3.2": "deepseek_v32_exp", "deepseek-v3.2-exp": "deepseek_v32_exp",
+                 "deepseek-v3": "deepseek_v3", "v3": "deepseek_v3", "glm-5": "glm_5", "glm-5.1": "glm_5",
+                 "glm5": "glm_5", "glm-5.2": "glm_5_2", "glm5.2": "glm_5_2"}
+
+
+def model_name(name: str) -> str:
+    """The data-file name of a model given as a file name or a common spelling (glm-5.2, v3.2, ...)."""
+    return MODEL_ALIASES.get(name.lower(), name)
 SHARE_HOST_POOL = ("auto", "shared", "per-rank")
 KV_CACHE_DTYPES = ("fp8_e4m3", "bf16")
 MTP_DRAFT_ACCEPTANCE = 0.7   # paper Table 2: MTP 2 accepts 1.7 tokens per step -> 0.7 per draft token
@@ -75,9 +83,12 @@ class ModelSpec:
     vocab: int
     latent_bytes_per_token_layer: int
     indexer_bytes_per_token_layer: int
+    index_anchor_layers: int = -1     # decoder layers that compute their own top-k (-1: all); 0 = dense MLA
+    index_key_layers: int = -1        # layers that keep indexer keys in the cache (-1: cached_layers)
 
     @classmethod
     def load(cls, name: str = "deepseek_v32_exp") -> "ModelSpec":
+        name = model_name(name)
         if name not in KNOWN_MODELS:
             raise SimConfigError(f"model = {name!r}: unknown; expected one of {', '.join(KNOWN_MODELS)}; fix --model")
         return _load_model(name)
@@ -85,6 +96,37 @@ class ModelSpec:
     @classmethod
     def deepseek_v32_exp(cls) -> "ModelSpec":
         return cls.load("deepseek_v32_exp")
+
+    @property
+    def dense_attention(self) -> bool:
+        """No indexer: attention reads the whole context (DeepSeek-V3's MLA); ESS does not apply."""
+        return self.topk_tokens == 0
+
+    @property
+    def anchors(self) -> int:
+        """Decoder layers that run the indexer (GLM-5.2 shares one top-k over the layers after an anchor)."""
+        return self.num_layers if self.index_anchor_layers < 0 else self.index_anchor_layers
+
+    def is_anchor(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (num_layers = the MTP layer) runs the indexer. The first dense
+        layers are anchors and the rest are spread evenly over the MoE layers (only the count is taken
+        from the config; the MTP layer runs its own indexer)."""
+        if self.dense_attention:
+            return False
+        n, a, nd = self.num_layers, self.anchors, self.num_dense_layers
+        if layer >= n or a >= n:
+            return True
+        if layer < nd:
+            return layer < a
+        rest, moe, i = a - min(a, nd), n - nd, layer - nd
+        return (i + 1) * rest // moe - i * rest // moe == 1
+
+    @property
+    def index_layers(self) -> int:
+        """Layers whose indexer keys are cached (per request, per token)."""
+        if self.dense_attention:
+            return 0
+        return self.cached_layers if self.index_key_layers < 0 else self.index_key_layers
 
     @property
     def cached_layers(self) -> int:
@@ -112,7 +154,8 @@ def _load_model(name: str) -> ModelSpec:
         shared_experts=d["n_shared_experts"], moe_intermediate=d["moe_intermediate_size"],
         dense_intermediate=d["intermediate_size"], vocab=d["vocab_size"],
         latent_bytes_per_token_layer=d["latent_bytes_per_token_layer"],
-        indexer_bytes_per_token_layer=d["indexer_bytes_per_token_layer"])
+        indexer_bytes_per_token_layer=d["indexer_bytes_per_token_layer"],
+        index_anchor_layers=d.get("index_anchor_layers", -1), index_key_layers=d.get("index_key_layers", -1))
 
 
 @dataclass(frozen=True)
@@ -127,6 +170,8 @@ class DeploymentConfig:
     gpus_per_node: int = flag(8, "GPUs per node")
     ep: int = flag(32, "expert-parallel degree (experts are sharded over this many GPUs)")
     tbo: bool = flag(True, "Two-Batch Overlap: split the batch in two micro-batches that hide communication")
+    cuda_graph: bool = flag(True, "decode runs as CUDA graphs (SGLang's default): each kernel costs the published "
+                                  "graph-node launch gap; off: the published stream-launch gap")
     gpu_mem_gb: float | None = flag(None, "override the GPU memory capacity in GB (default: the profile's)")
     host_mem_gb: float | None = flag(None, "host memory per node in GB for the ESS pool (default: unlimited; "
                                            "plan and run report the need)")
@@ -141,6 +186,7 @@ class DeploymentConfig:
         if self.ep > self.nodes * self.gpus_per_node:
             raise SimConfigError(f"ep = {self.ep}: expected at most nodes x gpus_per_node = "
                                  f"{self.nodes * self.gpus_per_node}; fix --ep or --nodes")
+        object.__setattr__(self, "model", model_name(self.model))
         if self.model not in KNOWN_MODELS:
             raise SimConfigError(f"model = {self.model!r}: unknown; expected one of {', '.join(KNOWN_MODELS)}; "
                                  f"fix --model")

@@ -6,6 +6,8 @@ over M from memory-bound at small M to compute-bound at large M):
 - gemm / grouped_gemm: t_c = 2 x groups x ceil(m / gemm_m_tile) x gemm_m_tile x n x k / (peak x
   gemm_compute_eff), t_m = bytes / (HBM x gemm_mem_eff). MoE experts are a grouped GEMM with the mean
   tokens per local expert as m (balanced routing under EP).
+- dense_attention (DeepSeek-V3's MLA over the whole context): FlashMLA's published dense decode rates
+  (flashmla_dense_tflops, flashmla_dense_GBps as a fraction of H800 HBM, constants.json), blended.
 - attention (sparse MLA over the top-k): t_c at sparse_attention_tflops; fixed by k, not by context.
 - indexer (FP8 MQA logits over every key): t_c at mqa_logits_tflops, t_m at HBM x indexer_mem_eff, blended
   with indexer_blend_exp (both from H200 decode timings of the paged kernel); grows linearly with context.
@@ -16,7 +18,8 @@ over M from memory-bound at small M to compute-bound at large M):
 - dispatch / combine (DeepEP low latency over RDMA): max(floor, bytes / rate(EP)), rate interpolated
   over the published EP table and scaled by the NIC (rdma_GBps / network_reference_GBps).
 Rates published for H800/H200 SMs (attention, indexer) scale by bf16_tflops / compute_reference on
-other GPUs. Kernel launch overhead is not in here: step.py adds kernel_overhead_us per launch.
+other GPUs. Kernel launch gaps are not in here: step.py adds the published per-launch gap (launches.py)
+and multiplies compute ops by the fitted kernel_time_scale.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ import math
 
 import numpy as np
 
-from .hardware import HardwareProfile
+from .constants import const
+from .hardware import HardwareProfile, get_hardware
 from .ops import OpCost
 
 
@@ -58,6 +62,9 @@ class CostModel:
         self._dispatch = table[:, 1] * 1e9 * nic
         self._combine = table[:, 2] * 1e9 * nic
         self.comm_floor_us = float(v["deepep_ll_floor_us"])
+        ref = get_hardware("h800")         # FlashMLA's dense figures were measured on H800 SXM5
+        self.dense_flops_per_s = float(const("flashmla_dense_tflops")) * 1e12 * sm_scale
+        self.dense_hbm = hw.hbm_bytes_per_s * float(const("flashmla_dense_GBps")) * 1e9 / ref.hbm_bytes_per_s
 
     @property
     def hbm(self) -> float:
@@ -89,6 +96,8 @@ class CostModel:
             return self.gemm_us(op)
         if op.kind == "attention":
             return blend_us(op.flops / self.attention_flops_per_s, op.hbm_bytes / self.hbm, self.p)
+        if op.kind == "dense_attention":
+            return blend_us(op.flops / self.dense_flops_per_s, op.hbm_bytes / self.dense_hbm, self.p)
         if op.kind == "indexer":
             return blend_us(op.flops / self.mqa_flops_per_s, op.hbm_bytes / self.indexer_hbm, self.indexer_p)
         if op.kind == "topk":

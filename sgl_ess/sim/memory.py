@@ -66,10 +66,10 @@ def hot_slots_per_layer(work: WorkloadConfig, ess: OffloadConfig) -> int:
 
 
 def gpu_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig) -> float:
-    """Indexer keys for the full context + the hot latent buffer, over every cached layer."""
-    per_layer = (work.context_tokens * m.indexer_bytes_per_token_layer
-                 + hot_slots_per_layer(work, ess) * m.latent_bytes_per_token_layer)
-    return float(per_layer * m.cached_layers)
+    """Indexer keys for the full context on the layers that keep them (every cached layer for V3.2, the
+    anchors for GLM-5.2) + the hot latent buffer on every cached layer."""
+    idx = work.context_tokens * m.indexer_bytes_per_token_layer * m.index_layers
+    return float(idx + hot_slots_per_layer(work, ess) * m.latent_bytes_per_token_layer * m.cached_layers)
 
 
 def host_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig) -> float:

@@ -59,18 +59,46 @@ def elementwise(name: str, phase: str, rows: float, bytes_per_row: float, kernel
     return OpCost(name, phase, "elementwise", rows, x_unit, hbm_bytes=rows * bytes_per_row, kernels=kernels)
 
 
-def attention_ops(m: ModelSpec, requests: int, q: int, context: int) -> list[OpCost]:
-    """MLA with the lightning indexer and sparse attention over the top-k, absorbed (decode) form."""
+def attention_ops(m: ModelSpec, requests: int, q: int, context: int, indexer: bool = True) -> list[OpCost]:
+    """MLA with the lightning indexer and sparse attention over the top-k, absorbed (decode) form.
+    `indexer=False`: a shared-index layer (GLM-5.2) reuses the anchor's top-k, so it has no indexer ops.
+    A model without an indexer (DeepSeek-V3) runs dense MLA over the whole context instead."""
     t = requests * q
     h = m.hidden
     latent = m.kv_lora_rank + m.qk_rope_dim
     k_sel = min(m.topk_tokens, context)
     qk_head = m.qk_nope_dim + m.qk_rope_dim
     ih, idim = m.index_heads, m.index_head_dim
-    return [
+    head = [
         elementwise("attn.input_norm", "attn_in", t, h * (BF16 * 2 + FP8)),
         gemm("attn.q_a_kv_a", "attn_in", t, m.q_lora_rank + latent, h),
         elementwise("attn.qkv_norm", "attn_in", t, m.q_lora_rank * (BF16 * 2 + FP8) + latent * BF16 * 2, 2),
+    ]
+    pre = [
+        gemm("attn.q_b", "pre_attn", t, m.heads * qk_head, m.q_lora_rank),
+        gemm("attn.w_uk", "pre_attn", t, m.kv_lora_rank, m.qk_nope_dim, groups=m.heads),
+        elementwise("attn.rope_cache", "pre_attn", t, m.heads * m.qk_rope_dim * BF16 * 2 + latent * BF16
+                    + m.latent_bytes_per_token_layer, 2),
+    ]
+    post = [
+        gemm("attn.w_uv", "post_attn", t, m.v_head_dim, m.kv_lora_rank, groups=m.heads),
+        elementwise("attn.o_quant", "post_attn", t, m.heads * m.v_head_dim * (BF16 + FP8)),
+        gemm("attn.o_proj", "post_attn", t, h, m.heads * m.v_head_dim),
+        elementwise("attn.post_norm", "post_attn", t, h * (BF16 * 3 + FP8)),
+    ]
+    if m.dense_attention:     # FlashMLA dense decode: every request reads its whole latent history
+        return head + pre + [OpCost(
+            "attention.dense", "attention", "dense_attention", t * context, "token_keys",
+            flops=2.0 * t * m.heads * (latent + m.kv_lora_rank) * context,
+            hbm_bytes=requests * context * m.latent_bytes_per_token_layer
+            + t * m.heads * (latent + m.kv_lora_rank) * BF16, kernels=2)] + post
+    sparse = OpCost("attention.sparse", "attention", "attention", t, "tokens",
+                    flops=2.0 * t * m.heads * (latent + m.kv_lora_rank) * k_sel,
+                    hbm_bytes=t * k_sel * m.latent_bytes_per_token_layer
+                    + t * m.heads * (latent + m.kv_lora_rank) * BF16, kernels=2)
+    if not indexer:
+        return head + pre + [sparse] + post
+    return head + [
         # the indexer reads q_a (after its norm) and the hidden state
         gemm("indexer.wq_b", "indexer", t, ih * idim, m.q_lora_rank),
         gemm("indexer.wk", "indexer", t, idim, h),
@@ -82,20 +110,7 @@ def attention_ops(m: ModelSpec, requests: int, q: int, context: int) -> list[OpC
                hbm_bytes=requests * context * m.indexer_bytes_per_token_layer + t * context * FP32, kernels=2),
         OpCost("indexer.topk", "indexer", "topk", t * context, "token_keys",
                hbm_bytes=t * context * FP32 + t * k_sel * FP32, m=t),       # m: rows (query tokens)
-        # pre-attention proper: query up-projection, absorption into the latent space, RoPE, cache write
-        gemm("attn.q_b", "pre_attn", t, m.heads * qk_head, m.q_lora_rank),
-        gemm("attn.w_uk", "pre_attn", t, m.kv_lora_rank, m.qk_nope_dim, groups=m.heads),
-        elementwise("attn.rope_cache", "pre_attn", t, m.heads * m.qk_rope_dim * BF16 * 2 + latent * BF16
-                    + m.latent_bytes_per_token_layer, 2),
-        OpCost("attention.sparse", "attention", "attention", t, "tokens",
-               flops=2.0 * t * m.heads * (latent + m.kv_lora_rank) * k_sel,
-               hbm_bytes=t * k_sel * m.latent_bytes_per_token_layer + t * m.heads * (latent + m.kv_lora_rank) * BF16,
-               kernels=2),
-        gemm("attn.w_uv", "post_attn", t, m.v_head_dim, m.kv_lora_rank, groups=m.heads),
-        elementwise("attn.o_quant", "post_attn", t, m.heads * m.v_head_dim * (BF16 + FP8)),
-        gemm("attn.o_proj", "post_attn", t, h, m.heads * m.v_head_dim),
-        elementwise("attn.post_norm", "post_attn", t, h * (BF16 * 3 + FP8)),
-    ]
+    ] + pre + [sparse] + post
 
 
 def moe_pairs(m: ModelSpec, tokens: float) -> float:

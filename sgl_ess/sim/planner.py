@@ -146,7 +146,7 @@ def sizes(res: StepResult) -> dict[str, float]:
     m = ModelSpec.load(cfg.deploy.model)
     slots = math.ceil(cfg.ess.ratio * cfg.work.context_tokens)
     hot = cfg.work.batch * slots * m.latent_bytes_per_token_layer * m.cached_layers
-    idx = cfg.work.batch * cfg.work.context_tokens * m.indexer_bytes_per_token_layer * m.cached_layers
+    idx = cfg.work.batch * cfg.work.context_tokens * m.indexer_bytes_per_token_layer * m.index_layers
     host = res.memory.host_bytes_per_request * cfg.work.batch * cfg.deploy.gpus_per_node
     return {"hot_slots_per_request_layer": slots, "hot_buffer_gb_per_gpu": hot / GB,
             "indexer_keys_gb_per_gpu": idx / GB, "host_pool_gb_per_node": host / GB,

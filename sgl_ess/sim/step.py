@@ -7,8 +7,11 @@ remaining drafts), each followed by the LM head on one token per request. With T
 MoE layers run two micro-batches under SGLang's five-stage decode schedule (tbo.py: each DeepEP
 all-to-all hides behind the other micro-batch's stages, the rest waits); the dense layers and the MTP
 layer run the whole batch with blocking all-to-alls, as SGLang does.
-Every kernel launch costs kernel_overhead_us on top of its roofline time (the one constant fitted, on
-the first Table 2 row). Throughput per node = gpus_per_node x batch x accepted tokens per step / step.
+Every kernel launch adds the published launch gap (launches.py: CUDA graph node or stream launch), and
+every compute op's time from the published kernel figures is multiplied by kernel_time_scale (the one
+step-time constant fitted, on DeepSeek's measured decode deployment, fit.py). Shared-index layers
+(GLM-5.2) run no indexer, and their miss fetch is sent when the layer starts (the anchor's top-k is
+already known: lead time). Throughput per node = gpus_per_node x batch x accepted tokens per step / step.
 """
 from __future__ import annotations
 
@@ -84,6 +87,19 @@ def micro_batches(batch: int, tbo: bool) -> list[int]:
     return [batch - batch // 2, batch // 2] if tbo and batch >= 2 else [batch]
 
 
+class ScaledTimer:
+    """An op timer whose compute ops (not the all-to-alls, not a measured table's ops) take `scale` x longer."""
+
+    def __init__(self, timer: OpTimer, scale: float):
+        self.timer, self.scale = timer, scale
+
+    def time_us(self, op) -> float:
+        t = self.timer.time_us(op)
+        if op.phase == "comm" or op.name in self.timer.profile.tables:
+            return t
+        return t * self.scale
+
+
 class _Stepper:
     """Times layers for one configuration; adds every op's time to the breakdown."""
 
@@ -103,10 +119,11 @@ class _Stepper:
         self.bd[key] += t
         return t
 
-    def layer_stages(self, b: int, q: int, dense: bool, misses: float, extra_ops=None) -> LayerStages:
+    def layer_stages(self, b: int, q: int, dense: bool, misses: float, extra_ops=None,
+                     anchor: bool = True) -> LayerStages:
         """One layer of one micro-batch of `b` requests: its TBO stages; books phases and launches."""
         d, w, e, m = self.cfg.deploy, self.cfg.work, self.cfg.ess, self.m
-        ops = ((list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens)
+        ops = ((list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens, anchor)
                + ffn_ops(m, b * q, dense, d.ep))
         if e.offload:
             ops.append(resolve_op(m, b * q))
@@ -139,7 +156,11 @@ class _Stepper:
             stages[1] += ess_launch * self.kernel_us
             indexer_end = stages[0] - on_path["pre_attn"]          # T0 = previous output, attn_in, indexer, pre_attn
             if fetch > 0:
-                if res.strategy == "dba":
+                if not anchor:      # shared index: the top-k is known before the layer starts
+                    fetch_job = Fetch(((0.0, fetch),), 0 if res.strategy == "none" else 1,
+                                      indexer_end if res.strategy == "none"
+                                      else on_path["attention"] * (1.0 - t.miss_fraction))
+                elif res.strategy == "dba":
                     half = indexer_end - on_path["indexer"] / 2
                     fetch_job = Fetch(((half, fetch / 2), (indexer_end, fetch / 2)), 1,
                                       on_path["attention"] * (1.0 - t.miss_fraction))
@@ -156,17 +177,17 @@ class _Stepper:
         self.kernels += n_launch
         return LayerStages(tuple(stages), comm["dispatch"], comm["combine"], fetch_job)
 
-    def layers_us(self, mbs: list[int], q: int, specs: list[tuple[bool, float]], key: str | None = None,
+    def layers_us(self, mbs: list[int], q: int, specs: list[tuple], key: str | None = None,
                   extra_ops=None) -> float:
-        """Layers given as (dense, misses per request): two micro-batches under TBO, else the whole batch
+        """Layers given as (dense, misses per request[, anchor]): two micro-batches under TBO, else the whole batch
         with blocking all-to-alls. `key` books the whole time under one entry (the MTP draft)."""
         before = dict(self.bd)
         if len(mbs) > 1:
-            a = [self.layer_stages(mbs[0], q, dense, miss, extra_ops) for dense, miss in specs]
-            b = [self.layer_stages(mbs[1], q, dense, miss, extra_ops) for dense, miss in specs]
+            a = [self.layer_stages(mbs[0], q, *sp[:2], extra_ops, *sp[2:]) for sp in specs]
+            b = [self.layer_stages(mbs[1], q, *sp[:2], extra_ops, *sp[2:]) for sp in specs]
             sched = tbo(a, b)
         else:
-            sched = serial([self.layer_stages(mbs[0], q, dense, miss, extra_ops) for dense, miss in specs])
+            sched = serial([self.layer_stages(mbs[0], q, *sp[:2], extra_ops, *sp[2:]) for sp in specs])
         if key is None:
             self.bd["comm_exposed"] += sched.comm_wait_us
             self.bd["ess_exposed"] += sched.fetch_wait_us
@@ -178,11 +199,13 @@ class _Stepper:
 
 
 def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = True,
-             model: ModelSpec | None = None, kernel_overhead_us: float | None = None) -> StepResult:
+             model: ModelSpec | None = None, kernel_overhead_us: float | None = None,
+             kernel_scale: float | None = None) -> StepResult:
     """Simulate one decode step. `check=False` skips the does-the-batch-fit error (for sweeps).
 
-    `profile` defaults to cfg.deploy.op_profile (or the shipped H200 one); `kernel_overhead_us` defaults
-    to the value fitted on the first Table 2 row for that profile (fit.py)."""
+    `profile` defaults to cfg.deploy.op_profile (or the shipped H200 one); `kernel_overhead_us` (per
+    launch) defaults to the published gap for cfg.deploy.cuda_graph (launches.py), `kernel_scale` to
+    kernel_time_scale as fitted for that profile on DeepSeek's decode deployment (fit.py)."""
     d, w, e = cfg.deploy, cfg.work, cfg.ess
     m = model or ModelSpec.load(d.model)
     hw = get_hardware(d.hardware)
@@ -197,18 +220,24 @@ def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = Tru
     mem = memory_report(m, hw, d, w, e)
     if check:
         check_fits(mem, w, e, hw.name)
+    if e.offload and m.dense_attention:
+        raise SimConfigError(f"ratio = {e.ratio}: model {m.name!r} has dense MLA (no indexer top-k), which reads "
+                             f"every cached row each step, so ESS cannot offload it; expected --ratio 1.0 or a "
+                             f"sparse-attention model (--model deepseek_v32_exp, glm_5, glm_5_2)")
+    from .fit import kernel_overhead_for, kernel_scale_for
     if kernel_overhead_us is None:
-        from .fit import kernel_overhead_for
-        kernel_overhead_us = kernel_overhead_for(prof)
-    st = _Stepper(cfg, m, prof.timer(hw, d.ep), kernel_overhead_us)
+        kernel_overhead_us = kernel_overhead_for(prof, d.cuda_graph)
+    if kernel_scale is None:
+        kernel_scale = kernel_scale_for(prof)
+    st = _Stepper(cfg, m, ScaledTimer(prof.timer(hw, d.ep), kernel_scale), kernel_overhead_us)
     misses = misses_per_layer(m.cached_layers, w.context_tokens, m.topk_tokens, e.ratio, w.mtp, e.warmup,
                               w.output_tokens / w.accept_tokens, e.hit_rate)
     whole, mbs = [w.batch], micro_batches(w.batch, d.tbo)
     nd = m.num_dense_layers
     step = st.ops_us([embed_op(m, w.batch * w.mtp)], "head")
     # SGLang runs the dense layers before TBO starts, on the whole batch; TBO covers the MoE layers
-    step += st.layers_us(whole, w.mtp, [(True, float(misses[i])) for i in range(nd)])
-    step += st.layers_us(mbs, w.mtp, [(False, float(misses[i])) for i in range(nd, m.num_layers)])
+    step += st.layers_us(whole, w.mtp, [(True, float(misses[i]), m.is_anchor(i)) for i in range(nd)])
+    step += st.layers_us(mbs, w.mtp, [(False, float(misses[i]), m.is_anchor(i)) for i in range(nd, m.num_layers)])
     step += st.ops_us(head_ops(m, w.batch * w.mtp), "head")
     if w.mtp > 1:   # draft extend over the mtp tokens, then mtp - 2 one-token draft passes (no TBO in NextN)
         mtp_misses = float(misses[m.num_layers])

@@ -34,7 +34,7 @@ def test_no_arguments_prints_headline():
     p = _cli()
     assert p.returncode == 0, p.stderr
     assert "+69.4%" in p.stdout and "9647" in p.stdout and "16347" in p.stdout
-    assert "fitted on this row" in p.stdout and "prediction" in p.stdout
+    assert "fitted on this row" not in p.stdout and p.stdout.count("prediction") == 2   # both rows held out
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -95,8 +95,8 @@ def test_plan_text_answers_and_prints_assumptions(capsys):
 def test_validate_prints_every_held_out_point(capsys):
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
-    for needle in ("Table 2 row 2", "Figure 1", "batch 320", "128K gain", "Section 3", "dba", "worst error",
-                   "kernel_overhead_us"):
+    for needle in ("Table 2 row 1", "Table 2 row 2", "Figure 1", "batch 320", "128K gain", "Section 3", "dba",
+                   "worst error", "kernel_time_scale", "DeepSeek-V3", "not covered", "HiSparse", "sources:"):
         assert needle in out
 
 
@@ -134,9 +134,9 @@ def test_measured_profile_replaces_an_op(tmp_path, capsys):
     assert main(["run", "--json", "--op-profile", str(prof)]) == 0
     fast = json.loads(capsys.readouterr().out)
     assert fast["breakdown_ms"]["attention"] < base["breakdown_ms"]["attention"]
-    # each profile is fitted on row 1 (batch 52, the default run): its step time comes out the same
-    assert fast["step_ms"] == pytest.approx(base["step_ms"], abs=0.01)
-    assert fast["breakdown_ms"]["kernel_overhead"] > base["breakdown_ms"]["kernel_overhead"]
+    # nothing is refitted per profile: the faster table makes the step shorter; launches cost the same
+    assert fast["step_ms"] < base["step_ms"]
+    assert fast["breakdown_ms"]["kernel_overhead"] == base["breakdown_ms"]["kernel_overhead"]
 
 
 def test_sweep_plot(tmp_path, capsys):

@@ -28,7 +28,10 @@ def _parse_scalar(type_str: str, text: str, flag_name: str):
         return None
     try:
         if base == "int":
-            val = float(text)
+            mult = 1
+            if text[-1:] in ("k", "K"):          # 32k = 32768 tokens
+                text, mult = text[:-1], 1024
+            val = float(text) * mult
             if val != int(val):
                 raise ValueError
             return int(val)
@@ -134,9 +137,12 @@ def parser() -> argparse.ArgumentParser:
                                     "assumptions with the answer.")
     add_config_args(pl, lists=False, exclude=("batch", "ratio"))
     add_config_args(pl, lists=False, groups=LAYOUT_GROUP)
-    pl.add_argument("--gpus", type=int, default=None, help="total GPUs (sets --nodes = gpus / --gpus-per-node and, "
-                                                           "unless given, --ep = gpus)")
-    pl.add_argument("--slo-tpot-ms", type=float, default=None, help="max time per output token in ms")
+    pl.add_argument("--gpus", default=None, help="total GPUs, as N or NxGPU (8xH200 = 8 GPUs of --hardware h200); "
+                                                 "sets --nodes = N / --gpus-per-node and, unless given, --ep = N")
+    pl.add_argument("--slo-tpot-ms", "--slo-ms", dest="slo_tpot_ms", type=float, default=None,
+                    help="max time per output token in ms")
+    pl.add_argument("--host-gb", dest="host_mem_gb", default=None, help="same as --host-mem-gb (host memory per node)")
+    pl.add_argument("--plot", default=None, help="write tokens/s vs batch (ESS on and off, limits marked) to this PNG")
     pl.add_argument("--ratios", default=None, help="sparse memory ratios to consider (comma list; default "
                                                    "0.1,0.15,0.21,0.3,0.4,0.5,0.6,0.8,1.0)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")

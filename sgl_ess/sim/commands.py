@@ -74,14 +74,31 @@ def headline() -> int:
     return 0
 
 
+def parse_gpus(text: str) -> tuple[int, str | None]:
+    """'8' -> (8, None); '8xH200' / '16x h800' -> (16, 'h800'): a count and optionally a GPU type."""
+    from .hardware import known_hardware
+    t = str(text).strip().lower().replace(" ", "")
+    n, _, hw = t.partition("x")
+    if not n.isdigit() or int(n) <= 0 or (hw and hw not in known_hardware()):
+        raise SimConfigError(f"--gpus {text!r}: expected a GPU count N or NxGPU with GPU one of "
+                             f"{', '.join(known_hardware())} (e.g. 8xH200); fix --gpus")
+    return int(n), hw or None
+
+
 def _plan_args(args: argparse.Namespace):
     if args.gpus is not None:
+        n, hw = parse_gpus(args.gpus)
+        if hw is not None:
+            if args.hardware not in (None, hw):
+                raise SimConfigError(f"--gpus {args.gpus} names {hw} but --hardware is {args.hardware}; expected "
+                                     f"one GPU type; drop one of them")
+            args.hardware = hw
         per = int(args.gpus_per_node or 8)
-        if args.gpus <= 0 or args.gpus % per:
+        if n % per:
             raise SimConfigError(f"--gpus {args.gpus}: expected a positive multiple of --gpus-per-node ({per})")
-        args.nodes = str(args.gpus // per)
+        args.nodes = str(n // per)
         if args.ep is None:
-            args.ep = str(args.gpus)
+            args.ep = str(n)
     args.batch, args.ratio = None, None
     ratios = DEFAULT_RATIOS
     if args.ratios:
@@ -134,13 +151,35 @@ def _plan_json(res: PlanResult, cfg, prof, pools: HostPoolReport | None) -> dict
             "host_pools": pools.as_dict() if pools else None, "assumptions": assumptions(cfg, prof)}
 
 
+def write_plan_plot(path: str, cfg, res: PlanResult, slo_tpot_ms: float | None) -> str:
+    from .plan_curves import curves
+    from .plot import plot_plan
+    b = res.best
+    chosen = None if b is None else {"batch": b.cfg.work.batch, "tokens_per_s": b.tokens_per_s_per_node,
+                                     "label": f"plan: batch {b.cfg.work.batch}, binding {res.binding}"}
+    d, w = cfg.deploy, cfg.work
+    title = (f"{d.model} on {d.gpus} x {d.hardware} (EP {d.ep}), context {w.context_tokens}, MTP {w.mtp}"
+             f"{'' if slo_tpot_ms is None else f', SLO {slo_tpot_ms:g} ms'}"
+             f"{'' if d.host_mem_gb is None else f', host {d.host_mem_gb:g} GB/node'}")
+    return plot_plan(path, curves(cfg, res, slo_tpot_ms), chosen, title)
+
+
+def plan_curves_json(cfg, res: PlanResult, slo_tpot_ms: float | None) -> list[dict]:
+    from .plan_curves import curves
+    return [asdict(c) for c in curves(cfg, res, slo_tpot_ms)]
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     cfg, ratios, serving = _plan_args(args)
     res = plan(cfg, args.slo_tpot_ms, ratios)
     prof = OpProfile.load(cfg.deploy.op_profile)
     pools = _host_pools(res, cfg, serving)
     if args.json:
-        print(json.dumps(_plan_json(res, cfg, prof, pools), indent=1))
+        out = _plan_json(res, cfg, prof, pools)
+        if args.plot:
+            out["plot"] = write_plan_plot(args.plot, cfg, res, args.slo_tpot_ms)
+            out["curves"] = plan_curves_json(cfg, res, args.slo_tpot_ms)
+        print(json.dumps(out, indent=1))
         return 0
     if res.best is None:
         raise SimConfigError("no batch fits or meets the SLO at any ratio; relax --slo-tpot-ms, shorten --context "
@@ -167,6 +206,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("  no offload: nothing fits or meets the SLO")
     for line in report_lines(pools, serving.share_host_pool):
         print(line)
+    if args.plot:
+        print(f"wrote {write_plan_plot(args.plot, cfg, res, args.slo_tpot_ms)}")
     print(f"  (the host pool line above is the step model's: one pool per GPU, {s['host_pool_gb_per_node']:.0f} GB "
           f"over the {ModelSpec.load(cfg.deploy.model).cached_layers} cached layers, MTP included, no padding page)")
     print("assumptions:")

@@ -78,10 +78,11 @@ def best_batch(cfg: SimConfig, slo_tpot_ms: float | None) -> StepResult | None:
 
 
 def _search(cfg: SimConfig, slo_tpot_ms: float | None, ratios) -> tuple[StepResult | None, list[StepResult]]:
-    k = ModelSpec.load(cfg.deploy.model).topk_tokens
+    m = ModelSpec.load(cfg.deploy.model)
+    k = m.topk_tokens
     by_ratio = []
     for r in ratios:
-        if r < 1.0 and r * cfg.work.context_tokens < k:
+        if r < 1.0 and (m.dense_attention or r * cfg.work.context_tokens < k):
             continue      # the hot buffer must hold at least one top-k set
         res = best_batch(_with(cfg, ratio=r), slo_tpot_ms)
         if res is not None:

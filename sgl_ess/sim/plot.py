@@ -41,3 +41,41 @@ def plot_sweep(path: str, batch_rows: list[dict], ratio_rows: list[dict], title:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_plan(path: str, curves, chosen: dict | None, title: str) -> str:
+    """tokens/s vs batch, one line per curve (plan_curves.Curve), each curve's limits as vertical lines in
+    its colour (style per limit kind), and the planned point (chosen: {batch, tokens_per_s, label})."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SimConfigError(f"--plot {path}: matplotlib is not installed ({e}); install the 'sim' extra "
+                             f"(pip install matplotlib) or drop --plot") from e
+    styles = {"GPU memory": "--", "host memory": ":", "TPOT": "-."}
+    fig, ax = plt.subplots(figsize=(9, 5))
+    xmax = max(max(c.batches) for c in curves)
+    for c in curves:
+        (line,) = ax.plot(c.batches, c.tokens_per_s_per_node, "o-", ms=3, label=c.label)
+        for name, b in c.limits.items():
+            style = next(v for k, v in styles.items() if name.startswith(k))
+            if b <= xmax:
+                ax.axvline(b, linestyle=style, color=line.get_color(), alpha=0.8,
+                           label=f"{c.label}: {name} -> batch {b}")
+            else:     # a limit far beyond the others: named, not drawn
+                ax.plot([], [], linestyle=style, color=line.get_color(),
+                        label=f"{c.label}: {name} -> batch {b} (off the plot)")
+    ax.set_xlim(0, xmax * 1.03)
+    if chosen:
+        ax.plot([chosen["batch"]], [chosen["tokens_per_s"]], "k*", ms=14, label=chosen["label"])
+    ax.set_xlabel("batch per GPU (requests)")
+    ax.set_ylabel("tokens/s per node")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ModelSpec, SimConfig
-from .fit import kernel_overhead_for
+from .fit import kernel_overhead_for, kernel_scale_for
 from .hardware import get_hardware
 from .ops import attention_ops, ffn_ops, resolve_op
 from .overlap import LayerPhaseTimes, overlap
 from .profile import OpProfile
+from .step import ScaledTimer
 from .transfer import d2h_bytes_per_s, h2d_bytes_per_s, transfer_us
 
 
@@ -39,8 +40,8 @@ class LayerExposureModel:
         self.m = ModelSpec.load(d.model)
         hw = get_hardware(d.hardware)
         prof = OpProfile.load(d.op_profile)
-        timer = prof.timer(hw, d.ep)
-        kernel_us = kernel_overhead_for(prof)
+        timer = ScaledTimer(prof.timer(hw, d.ep), kernel_scale_for(prof))
+        kernel_us = kernel_overhead_for(prof, d.cuda_graph)
         b, q = w.batch, w.mtp
         ops = attention_ops(self.m, b, q, w.context_tokens) + [resolve_op(self.m, b * q)] + ffn_ops(
             self.m, b * q, False, d.ep)

@@ -117,3 +117,13 @@ def test_every_flag_the_launcher_reads_is_sglangs_full_name(flags):
     wrong = {f: flags.flag(opt2dest[f]) if f in opt2dest else "not an SGLang flag" for f in read
              if (f not in opt2dest or flags.flag(opt2dest[f]) != f) and f not in aliases}
     assert not wrong, wrong
+
+
+def test_a_forced_device_is_for_explain_only():
+    from sgl_ess.integration.sglang.launcher.server_args import node_for
+
+    ns, _, _ = split_argv(["--ess-explain", "--ess-explain-device", "cuda:8:141"])
+    assert node_for(ns).has_cuda and node_for(ns).gpus == 8
+    ns, _, _ = split_argv(["--ess-explain-device", "cuda:8:141"])
+    with pytest.raises(PreflightError, match="without --ess-explain"):
+        node_for(ns)

@@ -81,8 +81,10 @@ FIELDS: tuple[EssField, ...] = (
              "Device memory for all hot buffers together, in GB. 0 = derive from --ess-hot-slots-per-request "
              "x --max-running-requests.", minimum=0.0),
     EssField("memory_pool_size_gb", float, 0.0,
-             "Host memory for the latent history of all requests (the total memory pool), in GB. "
-             "0 = size it from --max-total-tokens.", minimum=0.0),
+             "Host memory for the latent history of all requests, in GB per NODE, split evenly over the node's "
+             "host pools (one per rank, or one per attention-TP group sharing it). 0 = a default: from "
+             "--max-total-tokens when given, else on CUDA the node's usable host memory, on CPU 65536 tokens "
+             "per pool (--ess-explain shows which).", minimum=0.0),
     EssField("hot_slots_per_request", int, 0,
              "Device latent slots per request per layer (the hot buffer). Must be >= the model's index_topk + 1. "
              "0 = derive from --ess-max-gpu-buffer-size-gb, else 4 x index_topk.", minimum=0),

@@ -4,6 +4,7 @@
   * keys from a file (admin) and the environment (user): auth works, and no process of the server
     shows either key in /proc/PID/cmdline, nor the environment variable in /proc/PID/environ
     (children);
+  * /stop_profile with no profile running: 409 naming /start_profile, no traceback (item 3);
   * a partial request head is closed by the server (--guard-header-timeout-s); one connection over
     --guard-max-connections-per-client gets 503, and after closing them a request is served;
   * /init_weights_update_group to a peer that accepts and stays silent: the client's 504, and the
@@ -139,6 +140,28 @@ def test_keys_from_file_and_environment_never_on_a_command_line(srv):
     for p in procs[1:]:                                                   # the launcher's own block is its exec's
         env = p.environ()
         assert "SGLESS_API_KEY" not in env and USER_KEY not in env.values(), p.pid
+
+
+def test_stop_profile_without_a_profile_is_a_409_not_a_500(srv):
+    """Issue 38 item 3: SGLang answered /stop_profile with no profile running with a 500 and a
+    traceback (its tokenizer manager raises RuntimeError with the scheduler's message)."""
+    start = os.path.getsize(srv.log.name)
+    for method in ("POST", "GET"):
+        req = urllib.request.Request(srv.base + "/stop_profile", method=method,
+                                     headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        try:
+            with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+                status, body = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read()
+        assert status == 409, (method, status, body[:300])
+        assert b"not in progress" in body and b"/start_profile" in body, body[:300]
+    assert _status(srv, "POST", "/stop_profile", USER_KEY) == 401           # still an operator route
+    assert _status(srv, "POST", "/generate", USER_KEY, GEN) == 200
+    with open(srv.log.name, errors="replace") as fh:
+        fh.seek(start)
+        log = fh.read()
+    assert "Traceback" not in log, log[log.index("Traceback") - 300:][:3000]
 
 
 def test_partial_request_head_is_closed(srv):

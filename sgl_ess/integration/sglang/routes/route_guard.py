@@ -15,7 +15,8 @@ In order, for every HTTP request and websocket (official seam: ``http_server.app
   6. JSON answers of status and operator routes are redacted of secret-shaped fields and of the
      server's own key values (``sgl_ess.serving.redact``);
   7. a handler that raises ValueError / TypeError before answering (bad input SGLang did not check)
-     gives a 400 with the scrubbed message instead of a 500 and a traceback.
+     gives a 400 with the scrubbed message instead of a 500 and a traceback; a profiler call the
+     scheduler refuses for its state (/stop_profile with no profile running) gives a 409.
 Below it, at the connection (connection_limits.py): a deadline for each request head and a bound on
 open connections per client address. HTTP/1.1 pipelining is kept: the guard reads a request's body
 only through ``receive`` and hands the rest of the connection back untouched
@@ -43,11 +44,12 @@ JSON_KEY = "sgl_ess.json"            # scope key: the parsed body (absent: no JS
 _PEER_CONNECT_TIMEOUT_S = 5.0
 _BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 _DISCARD_FACTOR = 8                  # a body up to 8x the limit is read and dropped before the 413
+_PROFILE_ROUTES = ("/start_profile", "/stop_profile")
 
 
 async def send_error(send, status: int, message: str, extra_headers=(), path: str = "") -> None:
     body = error_body(path, status, message, code={401: "AuthenticationError", 403: "PermissionDeniedError",
-                                                  413: "RequestTooLarge", 503: "ServiceUnavailable",
+                                                  409: "Conflict", 413: "RequestTooLarge", 503: "ServiceUnavailable",
                                                   504: "Timeout"}.get(status, "BadRequestError"))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                *extra_headers]
@@ -254,6 +256,14 @@ class RouteGuardMiddleware:
                 raise
             logger.info("guard: 400 %s %s: %s: %s", scope.get("method"), path, type(e).__name__, e)
             await send_error(send, 400, scrub(str(e)) or "invalid request", path=path)
+        except RuntimeError as e:
+            # SGLang's tokenizer manager raises RuntimeError(scheduler's message) when the scheduler
+            # refuses a profiler call for its state ("Profiling is not in progress. Call
+            # /start_profile first."): a conflict with the server's state, not a server error
+            if started or path not in _PROFILE_ROUTES:
+                raise
+            logger.info("guard: 409 %s %s: %s", scope.get("method"), path, e)
+            await send_error(send, 409, f"{path}: {scrub(str(e)) or 'refused by the scheduler'}", path=path)
 
     async def _too_large(self, send, size: int, receive, path: str):
         # read (and drop) what the client is still sending, up to a bound, so it sees the 413 rather

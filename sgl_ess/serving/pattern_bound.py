@@ -54,18 +54,24 @@ def _short(v: Any) -> str:
 
 
 @lru_cache(maxsize=1024)
-def re2_error(pattern: str) -> Optional[str]:
-    """None if RE2 compiles `pattern`, else RE2's reason (without logging it to stderr)."""
+def re2_compiled(pattern: str) -> tuple[Any, Optional[str]]:
+    """(RE2 pattern, None) if RE2 compiles `pattern`, else (None, RE2's reason); without logging to
+    stderr. The one RE2 compile of a client pattern: ingress (``re2_error``) and the scheduler's
+    evaluation (``stop_regex_eval.compiled``) share it and its cache."""
     import re2
 
     opts = re2.Options()
     opts.log_errors = False
     try:
-        re2.compile(pattern, options=opts)
+        return re2.compile(pattern, options=opts), None
     except re2.error as e:
         reason = e.args[0] if e.args else e
-        return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
-    return None
+        return None, reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+
+
+def re2_error(pattern: str) -> Optional[str]:
+    """None if RE2 compiles `pattern`, else RE2's reason."""
+    return re2_compiled(pattern)[1]
 
 
 def python_re_error(pattern: str) -> Optional[str]:

@@ -26,6 +26,8 @@ import threading
 import time
 from functools import lru_cache
 
+from sgl_ess.serving.pattern_bound import re2_compiled
+
 BUDGET_FLAG = "--guard-pattern-budget-ms"
 
 
@@ -34,20 +36,24 @@ class PatternBudgetExceeded(Exception):
 
 
 @lru_cache(maxsize=1024)
+def _python_re(pattern: str):
+    """Python re's compile of `pattern`; ValueError (with the reason) for any failure to compile."""
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError) as e:   # re.error is no ValueError
+        raise ValueError(f"stop_regex {pattern!r}: Python re cannot compile it ({type(e).__name__}: {e})") from None
+
+
 def compiled(pattern: str, allow_backtracking: bool):
     """(compiled pattern, engine name): RE2 when it compiles the pattern; else Python re when allowed.
     Raises ValueError for a pattern neither may evaluate (ingress should have refused it)."""
-    import re2
-
-    opts = re2.Options()
-    opts.log_errors = False
-    try:
-        return re2.compile(pattern, options=opts), "re2"
-    except re2.error as e:
-        if not allow_backtracking:
-            raise ValueError(f"stop_regex {pattern!r}: RE2 cannot compile it ({e}) and "
-                             f"--guard-allow-backtracking-stop-regex is off") from None
-    return re.compile(pattern), "re"
+    rx, err = re2_compiled(pattern)
+    if rx is not None:
+        return rx, "re2"
+    if not allow_backtracking:
+        raise ValueError(f"stop_regex {pattern!r}: RE2 cannot compile it ({err}) and "
+                         f"--guard-allow-backtracking-stop-regex is off")
+    return _python_re(pattern), "re"
 
 
 class _Alarm:

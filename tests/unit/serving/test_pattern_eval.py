@@ -91,3 +91,19 @@ def test_health_answers_503_with_the_watchdog_reason_while_a_stall_lasts(tmp_pat
     sent.clear()
     asyncio.run(mw({"type": "http", "path": "/health", "method": "GET"}, None, send))
     assert called == ["/health"]                          # no stall: SGLang's own /health answers first
+
+
+@pytest.mark.parametrize("pattern", ["(", "a{99999999999}(?=b)", "(" * 2000 + "a" + ")" * 2000 + "(?<=b)"])
+def test_a_pattern_python_re_cannot_compile_aborts_the_request_not_the_scheduler(pattern):
+    """With --guard-allow-backtracking-stop-regex, a pattern RE2 refuses falls back to Python re; one
+    that re cannot compile either (re.error, OverflowError, RecursionError) must abort the request
+    with a 400, not escape into the scheduler's event loop."""
+    pattern_eval._limits = (1000.0, True)
+    try:
+        r = _req([2, 3, 4], [pattern])
+        assert pattern_eval.around_check_str_based_finish(sb.Req._check_str_based_finish, r, 1) is True
+        fr = r.finished_reason
+        assert isinstance(fr, sb.FINISH_ABORT) and fr.status_code == 400
+        assert "stop_regex" in fr.message
+    finally:
+        pattern_eval._limits = None

@@ -19,6 +19,7 @@ scheduler's one thread; a backtracking pattern stalls every request for minutes.
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 
 from sgl_ess.serving.ops_config import ops_from_env
@@ -84,9 +85,10 @@ def around_check_str_based_finish(original_fn, req, new_accepted_len: int = 1, *
         logger.warning("%s (patterns %r)", message, [p[:80] for p in patterns])
         req.finished_reason = FINISH_ABORT(message, HTTPStatus.BAD_REQUEST, "BadRequestError")
         return True
-    except ValueError as e:                           # a pattern ingress should have refused
-        logger.warning("request %s: %s; aborting it", req.rid, e)
-        req.finished_reason = FINISH_ABORT(str(e), HTTPStatus.BAD_REQUEST, "BadRequestError")
+    except (ValueError, re.error, RecursionError, OverflowError) as e:   # a pattern ingress should have refused
+        message = f"stop_regex: {e}" if "stop_regex" not in str(e) else str(e)
+        logger.warning("request %s: %s; aborting it", req.rid, message)
+        req.finished_reason = FINISH_ABORT(message, HTTPStatus.BAD_REQUEST, "BadRequestError")
         return True
     finally:
         if w is not None:

@@ -62,7 +62,8 @@ def _take_flags(argv: list[str], flags) -> tuple[list[str], dict[str, Optional[s
 
 
 def read_key_file(flag: str, path: str) -> str:
-    """The key in `path` (one line; surrounding whitespace dropped). Raises OpsConfigError."""
+    """The key in `path`: the file's content without one trailing newline (``\n`` or ``\r\n``); any other
+    whitespace is part of the key. Raises OpsConfigError."""
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read(64 * 1024 + 1)
@@ -70,8 +71,9 @@ def read_key_file(flag: str, path: str) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise OpsConfigError(f"flag {flag}: cannot read {path!r} ({e.__class__.__name__}: {e.strerror or e}); "
                              f"expected a readable file holding the key") from None
-    key = text.strip()
-    if not key or len(text) > 64 * 1024 or "\n" in key:
+    key = text[:-1] if text.endswith("\n") else text
+    key = key[:-1] if key.endswith("\r") else key
+    if not key or len(text) > 64 * 1024 or "\n" in key or "\r" in key:
         raise OpsConfigError(f"flag {flag}: {path!r} holds {'nothing' if not key else 'more than one line'}; "
                              f"expected the key on one line")
     if mode & (stat.S_IRGRP | stat.S_IROTH):
@@ -83,17 +85,14 @@ def take_keys(argv: list[str], environ=None, key_files=None) -> tuple[list[str],
     """(argv without any key flag, {"--api-key": key or None, "--admin-api-key": ...}) from the
     command line, the key files and the environment (module docstring). A key flag without a value
     is left in argv for SGLang's own parser to refuse. `key_files`: the launcher's parsed flags
-    (``api_key_file`` / ``admin_api_key_file``, ops_config.add_ops_args), when the parser took them.
+    (``api_key_file`` / ``admin_api_key_file``, ops_config.add_ops_args): the launcher's parser takes
+    the key-file flags, so they never appear in `argv`.
     Raises OpsConfigError when a key is given twice. Environment variables read here are removed
     from `environ`; a key given on the command line makes this process hide it
     (hide_keys_from_cmdline)."""
     environ = os.environ if environ is None else environ
     argv, on_cmdline = _take_flags(argv, KEY_FLAGS)
-    argv, files = _take_flags(argv, tuple(FILE_FLAGS))
-    for file_flag in FILE_FLAGS:
-        parsed = getattr(key_files, file_flag[2:].replace("-", "_"), None)
-        if parsed is not None:
-            files[file_flag] = parsed
+    files = {f: getattr(key_files, f[2:].replace("-", "_"), None) for f in FILE_FLAGS}
     found: dict[str, Optional[str]] = {}
     for flag in KEY_FLAGS:
         file_flag = next(f for f, k in FILE_FLAGS.items() if k == flag)

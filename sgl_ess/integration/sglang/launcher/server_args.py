@@ -4,7 +4,8 @@ request-guard / operations flags (``--guard-*``, ``--metrics-*``, ``--health-*``
 Order of events (everything before "load the model" takes seconds):
   1. read the whole command line with SGLang's own parser, which holds the launcher's flags too
      (sglang_flags.py: SGLang's flag prefixes resolve as SGLang resolves them), and validate the ESS
-     and operations flags (sgl_ess.config, sgl_ess.serving.ops_config);
+     and operations flags (sgl_ess.config, sgl_ess.serving.ops_config); take the API keys out of the
+     arguments and hide a key given on the command line (auth_keys.py) before anything slower runs;
   2. fill the launcher's defaults and size the token pool (launcher_defaults.py), check hot-slot
      feasibility and that ``--host:--port`` is free (sgl_ess.serving.preflight); with
      ``--ess-explain`` print the plan (explain.py) and exit 0 here;
@@ -197,12 +198,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         ns, rest, user_set = split_argv(argv)
+        rest, found_keys = auth_keys.take_keys(rest, key_files=ns)   # first: keys leave the command line now
         check_parallel(rest)
         devices = node_for(ns)
         has_cuda = devices.has_cuda
         cfg = build_config(ns.ess_config, {f.name: getattr(ns, "ess_" + f.name) for f in FIELDS})
         sgl_argv, sizing = fill_defaults(rest, cfg, has_cuda, devices)
-        sgl_argv, found_keys = auth_keys.take_keys(sgl_argv, key_files=ns)
         ops = build_ops_config(ns, enable_metrics=has_flag(sgl_argv, "--enable-metrics"),
                                enable_deterministic_inference=has_flag(sgl_argv, "--enable-deterministic-inference"))
         host, port = flag_value(sgl_argv, "--host"), int_flag(sgl_argv, "--port")

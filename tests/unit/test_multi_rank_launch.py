@@ -108,7 +108,7 @@ def test_attn_dp_size_is_dp_attention():
     # SGLang 0.5.23's newer spelling: --attn-dp-size N is --dp N --enable-dp-attention (which it
     # deprecates); read as plain TP it would size one shared pool for two DP attention ranks that
     # each build their own (half the host memory checked), and the SLO control would refuse it
-    from sgl_ess.integration.sglang.launcher.launcher_defaults import parallel_layout, pools_per_node
+    from sgl_ess.integration.sglang.launcher.argv_view import parallel_layout, pools_per_node
 
     new = parallel_layout(["--tp", "2", "--attn-dp-size", "2"])
     old = parallel_layout(["--tp", "2", "--dp", "2", "--enable-dp-attention"])

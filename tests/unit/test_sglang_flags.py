@@ -11,6 +11,7 @@ pytest.importorskip("sglang")
 
 from sgl_ess.config import build_config  # noqa: E402
 from sgl_ess.integration.sglang.launcher import launcher_defaults as ld  # noqa: E402
+from sgl_ess.integration.sglang.launcher import argv_view as av  # noqa: E402
 from sgl_ess.integration.sglang.launcher.server_args import sglang_flags, split_argv  # noqa: E402
 from sgl_ess.models import TINY_DSV32_DIR  # noqa: E402
 from sgl_ess.serving.preflight import PreflightError  # noqa: E402
@@ -70,8 +71,8 @@ def test_abbreviated_flags_keep_the_users_values_through_the_launchers_defaults(
     _, rest, user = split_argv(["--model-p", TINY_DSV32_DIR, "--max-total-tok", "1000", "--ess-hot-slots", "40"])
     assert user == {"model_path": TINY_DSV32_DIR, "max_total_tokens": 1000}
     out, sizing = ld.fill_defaults(rest, build_config(None, {}, environ={}), has_cuda=False)
-    assert out.count("--model-path") == 1 and ld.flag_value(out, "--model-path") == TINY_DSV32_DIR
-    assert out.count("--max-total-tokens") == 1 and ld.flag_value(out, "--max-total-tokens") == "1000"
+    assert out.count("--model-path") == 1 and av.flag_value(out, "--model-path") == TINY_DSV32_DIR
+    assert out.count("--max-total-tokens") == 1 and av.flag_value(out, "--max-total-tokens") == "1000"
     assert sizing["tokens"] == 1000 and sizing["source"] == "--max-total-tokens"
     parsed = sglang_flags().parse(out).sglang                     # what SGLang itself will read
     assert parsed["model_path"] == TINY_DSV32_DIR and parsed["max_total_tokens"] == 1000
@@ -91,7 +92,7 @@ def test_sglang_config_file_is_merged_as_sglang_merges_it(tmp_path):
     cfg.write_text("model-path: /from/yaml\nmax-total-tokens: 2048\nenable-metrics: true\n")
     _, rest, user = split_argv(["--config", str(cfg), "--max-total-tokens", "4096"])
     assert user == {"model_path": "/from/yaml", "max_total_tokens": 4096, "enable_metrics": True}   # CLI wins
-    assert "--config" not in rest and ld.flag_value(rest, "--model-path") == "/from/yaml"
+    assert "--config" not in rest and av.flag_value(rest, "--model-path") == "/from/yaml"
 
 
 def test_sglang_defaults_are_recorded_for_the_explain_report(flags):

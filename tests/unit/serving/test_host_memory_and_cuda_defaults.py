@@ -4,8 +4,9 @@ import pytest
 
 from sgl_ess.config import build_config
 from sgl_ess.integration.sglang.launcher import launcher_defaults as ld
+from sgl_ess.integration.sglang.launcher import argv_view as av
 from sgl_ess.serving import host_memory
-from sgl_ess.serving.preflight import PreflightError
+from sgl_ess.serving.preflight import PreflightError, model_geometry
 
 GB = 10 ** 9
 
@@ -37,33 +38,33 @@ def _cfg(**flags):
 
 def test_cpu_defaults_keep_the_torch_backend():
     out, _ = ld.fill_defaults([], _cfg(), has_cuda=False)
-    assert ld.flag_value(out, "--attention-backend") == "ess" and ld.flag_value(out, "--device") == "cpu"
-    assert not ld.has_flag(out, "--disable-cuda-graph") and not ld.has_flag(out, "--cuda-graph-backend-decode")
+    assert av.flag_value(out, "--attention-backend") == "ess" and av.flag_value(out, "--device") == "cpu"
+    assert not av.has_flag(out, "--disable-cuda-graph") and not av.has_flag(out, "--cuda-graph-backend-decode")
 
 
 def test_gpu_defaults_for_ess_on(monkeypatch):
     monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
                                                                               "MemAvailable": 40 * GB})
     out, sizing = ld.fill_defaults([], _cfg(), has_cuda=True)
-    assert ld.flag_value(out, "--attention-backend") == "dsa"        # SGLang's, extended by sgl-ess
-    assert ld.flag_value(out, "--kv-cache-dtype") == "fp8_e4m3"
-    assert ld.flag_value(out, "--dsa-decode-backend") == "flashmla_kv"
-    assert ld.flag_value(out, "--page-size") == "64" and not ld.has_flag(out, "--disable-cuda-graph")  # deprecated
-    assert ld.flag_value(out, "--cuda-graph-backend-decode") == ld.flag_value(out, "--cuda-graph-backend-prefill") \
+    assert av.flag_value(out, "--attention-backend") == "dsa"        # SGLang's, extended by sgl-ess
+    assert av.flag_value(out, "--kv-cache-dtype") == "fp8_e4m3"
+    assert av.flag_value(out, "--dsa-decode-backend") == "flashmla_kv"
+    assert av.flag_value(out, "--page-size") == "64" and not av.has_flag(out, "--disable-cuda-graph")  # deprecated
+    assert av.flag_value(out, "--cuda-graph-backend-decode") == av.flag_value(out, "--cuda-graph-backend-prefill") \
         == "disabled"
     # nothing sized the host pool: available memory minus the margin (40 - 8 GiB), in FP8 rows
     usable = 40 * GB - (8 << 30)
-    geo = ld.model_geometry(ld.flag_value(out, "--model-path"))
+    geo = model_geometry(av.flag_value(out, "--model-path"))
     fp8_row = 64 + 0 + 2 * 16                                          # tiny model: kv_lora 64, rope 16
     expected = (usable // (geo.layers * fp8_row)) // 64 * 64 - 64
-    assert int(ld.flag_value(out, "--max-total-tokens")) == expected
+    assert int(av.flag_value(out, "--max-total-tokens")) == expected
     assert sizing["host_bytes_expected"] <= usable
 
 
 def test_gpu_defaults_for_ess_off_are_sglangs():
     out, _ = ld.fill_defaults([], _cfg(enabled="false"), has_cuda=True)
-    assert ld.flag_value(out, "--attention-backend") == "dsa"
-    assert not ld.has_flag(out, "--cuda-graph-backend-decode") and not ld.has_flag(out, "--kv-cache-dtype")
+    assert av.flag_value(out, "--attention-backend") == "dsa"
+    assert not av.has_flag(out, "--cuda-graph-backend-decode") and not av.has_flag(out, "--kv-cache-dtype")
 
 
 def test_decode_graphs_with_ess_need_the_ess_flag():
@@ -73,12 +74,12 @@ def test_decode_graphs_with_ess_need_the_ess_flag():
     with pytest.raises(PreflightError, match="needs --ess-cuda-graph true"):
         ld.cuda_ess_defaults(["--cuda-graph-backend-decode", "full"])
     out = ld.cuda_ess_defaults(["--cuda-graph-backend-decode", "full"], graphs=True)
-    assert ld.flag_value(out, "--cuda-graph-backend-decode") == "full"
-    assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
+    assert av.flag_value(out, "--cuda-graph-backend-decode") == "full"
+    assert av.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
     out = ld.cuda_ess_defaults([], graphs=True)
-    assert not ld.has_flag(out, "--cuda-graph-backend-decode")              # SGLang's default: captured
-    assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
-    assert not ld.has_flag(ld.cuda_ess_defaults(["--disable-cuda-graph"]), "--cuda-graph-backend-decode")
+    assert not av.has_flag(out, "--cuda-graph-backend-decode")              # SGLang's default: captured
+    assert av.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
+    assert not av.has_flag(ld.cuda_ess_defaults(["--disable-cuda-graph"]), "--cuda-graph-backend-decode")
     # SGLang's per-phase flags override --disable-cuda-graph: they are checked with it too
     with pytest.raises(PreflightError, match="needs --ess-cuda-graph true"):
         ld.cuda_ess_defaults(["--disable-cuda-graph", "--cuda-graph-backend-decode", "full"])
@@ -118,9 +119,9 @@ def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, fla
     for k in env:
         monkeypatch.delenv(k)
     out, _ = ld.fill_defaults([], _cfg(cuda_graph="true"), has_cuda=True)    # alone: accepted
-    assert ld.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
+    assert av.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
     out, _ = ld.fill_defaults([], _cfg(cuda_graph="true"), has_cuda=False)   # no CUDA: ignored
-    assert not ld.has_flag(out, "--cuda-graph-backend-decode")
+    assert not av.has_flag(out, "--cuda-graph-backend-decode")
     # decode graphs turned off by a flag: --ess-cuda-graph has no effect, nothing is refused for it
     for off in (["--cuda-graph-backend-decode", "disabled"], ["--disable-cuda-graph"]):
         out, _ = ld.fill_defaults([*off, *argv], _cfg(cuda_graph="true", **flags), has_cuda=True)
@@ -135,8 +136,8 @@ def test_an_explicit_pool_larger_than_host_memory_stops_the_launch(monkeypatch):
 
 def test_dp_ranks_are_balanced_by_host_rows_in_use_with_ess_on():
     dp = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
-    assert ld.flag_value(ld.dp_balance_default(dp, True), "--load-balance-method") == "total_tokens"
-    assert ld.flag_value(ld.dp_balance_default(["--dp-size", "2"], True), "--load-balance-method") == "total_tokens"
+    assert av.flag_value(ld.dp_balance_default(dp, True), "--load-balance-method") == "total_tokens"
+    assert av.flag_value(ld.dp_balance_default(["--dp-size", "2"], True), "--load-balance-method") == "total_tokens"
     assert ld.dp_balance_default(dp, False) == dp                                     # ESS off: SGLang's own
     assert ld.dp_balance_default(["--tp", "2"], True) == ["--tp", "2"]                # one DP rank: nothing
     chosen = [*dp, "--load-balance-method", "round_robin"]

@@ -5,6 +5,7 @@ import pytest
 
 from sgl_ess.config import build_config
 from sgl_ess.integration.sglang.launcher import launcher_defaults as ld
+from sgl_ess.integration.sglang.launcher import argv_view as av
 from sgl_ess.integration.sglang.launcher.node_devices import GIB, NodeDevices, parse_spec
 from sgl_ess.serving import host_memory
 from sgl_ess.serving.preflight import ModelGeometry, PreflightError
@@ -36,7 +37,7 @@ def test_tp8_default_shares_the_nodes_usable_memory_among_its_eight_pools():
     assert s["host_bytes_expected"] == (s["tokens"] + 64) * 61 * row
     assert s["source"].startswith("default ") and "usable host memory" in s["source"] and \
         "/ 8 host pool(s) per node" in s["source"] and "set --ess-memory-pool-size-gb to change" in s["source"]
-    assert ld.flag_value(out, "--max-total-tokens") == str(s["tokens"])
+    assert av.flag_value(out, "--max-total-tokens") == str(s["tokens"])
 
 
 def test_an_explicit_budget_is_the_nodes_and_is_split_over_its_pools():

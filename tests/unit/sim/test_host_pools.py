@@ -90,7 +90,7 @@ def test_plan_cli_reports_host_pools(capsys):
 @pytest.mark.parametrize("argv", [[], ["--tp", "2"], ["--tp", "8"], ["--tp", "8", "--dp", "8", "--enable-dp-attention"],
                                   ["--tp", "4", "--dp", "2", "--enable-dp-attention"], ["--tp", "4", "--nnodes", "2"]])
 def test_sim_counts_pools_as_the_launcher_does(argv):
-    from sgl_ess.integration.sglang.launcher.launcher_defaults import parallel_layout, pools_per_node
+    from sgl_ess.integration.sglang.launcher.argv_view import parallel_layout, pools_per_node
 
     lay = parallel_layout(argv)
     sim = ParallelLayout(tp=lay["tp"], dp=lay["dp"], nnodes=lay["nnodes"], dp_attention=lay["dp_attention"])

@@ -20,13 +20,11 @@ from typing import Optional
 
 from sgl_ess.config import EssConfig
 from sgl_ess.models import TINY_DSV32_DIR
-from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, PreflightError, check_memlock, locked_bytes,  # noqa: F401
-                                       model_geometry, slot_space_bytes)
+from sgl_ess.serving.preflight import DSA_PAGE_SIZE, PreflightError, check_memlock, locked_bytes, slot_space_bytes
 
 from . import pool_plan
-from .argv_view import flag_value, has_flag, int_flag, parallel_layout, pools_per_node  # noqa: F401
+from .argv_view import flag_value, has_flag, int_flag, parallel_layout
 from .node_devices import NodeDevices
-from .pool_plan import DEFAULT_DEVICE_TOKENS, DEFAULT_HOST_TOKENS  # noqa: F401
 
 logger = logging.getLogger("sgl_ess")
 

@@ -33,7 +33,8 @@ from sgl_ess.serving.route_policy import Keys
 
 from . import auth_keys, node_devices, process_env
 from ..routes import route_guard
-from .launcher_defaults import fill_defaults, flag_value, has_flag, int_flag, parallel_layout, sizing_json
+from .argv_view import flag_value, has_flag, int_flag, parallel_layout
+from .launcher_defaults import fill_defaults, sizing_json
 from ..routes.status_route import ENV_POOL_SIZING
 
 logger = logging.getLogger("sgl_ess")
@@ -115,15 +116,6 @@ def node_for(ns: argparse.Namespace) -> node_devices.NodeDevices:
         raise PreflightError(f"--ess-explain-device {ns.ess_explain_device} without --ess-explain: a server runs on "
                              "the devices it has; add --ess-explain to see the plan for that node")
     return forced or node_devices.detect()
-
-
-def resolve(argv: list[str], has_cuda: bool, devices: node_devices.NodeDevices | None = None):
-    """(ESS config, launcher flags, argv for SGLang, pool sizing). Raises on any refused value."""
-    ns, rest, _ = split_argv(argv)
-    flags = {f.name: getattr(ns, "ess_" + f.name) for f in FIELDS}
-    cfg = build_config(ns.ess_config, flags)
-    sgl_argv, sizing = fill_defaults(rest, cfg, has_cuda, devices)
-    return cfg, ns, sgl_argv, sizing
 
 
 def check_parallel(sgl_argv: list[str]) -> None:

@@ -92,3 +92,67 @@ def test_bounded_kwargs_keeps_a_callers_timeout():
     assert rendezvous_bound.rendezvous_peer("tcp://10.0.0.1:29500") == ("10.0.0.1", 29500)
     assert rendezvous_bound.rendezvous_peer("tcp://[::1]:29500") == ("::1", 29500)
     assert rendezvous_bound.rendezvous_peer("env://") is None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_bound_is_the_rendezvous_only_the_group_keeps_torchs_timeout(monkeypatch):
+    """The guard's timeout bounds the rendezvous; the group it returns keeps the caller's timeout
+    (none given: torch's default), so a later broadcast of update_weights_from_distributed is not cut
+    after --guard-blocking-timeout-s by the collective watchdog."""
+    import uuid
+
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+    from sglang.srt.utils import init_custom_process_group
+
+    monkeypatch.setenv("SGLESS_OPS", json.dumps({"guard_blocking_timeout_s": 2.0}))
+    pg = rendezvous_bound._around_init_group(init_custom_process_group, backend="gloo",
+                                             init_method=f"tcp://127.0.0.1:{_free_port()}", world_size=1,
+                                             rank=0, group_name=f"t-{uuid.uuid4().hex}")
+    try:
+        assert pg._get_backend(torch.device("cpu")).options._timeout == c10d.default_pg_timeout
+        assert c10d._world.pg_map[pg][1].timeout == c10d.default_pg_timeout
+    finally:
+        c10d.destroy_process_group(pg)
+
+
+def test_the_timer_cannot_cut_a_group_once_the_call_has_returned(monkeypatch):
+    """The race: a timer firing between the call's return and its cancel must not cut the new group."""
+    timers, cut = [], []
+
+    class _Timer:
+        def __init__(self, interval, fn):
+            timers.append(fn)
+            self.daemon = True
+
+        def start(self):
+            pass
+
+        def cancel(self):
+            pass                                     # as if it had fired already: give_up runs anyway
+
+    monkeypatch.setenv("SGLESS_OPS", json.dumps({"guard_blocking_timeout_s": 2.0}))
+    monkeypatch.setattr(rendezvous_bound.threading, "Timer", _Timer)
+    monkeypatch.setattr(rendezvous_bound, "cut_connections", lambda host, port: cut.append((host, port)) or 1)
+    out = rendezvous_bound._around_init_group(lambda **kw: "group", backend="gloo",
+                                              init_method="tcp://127.0.0.1:29999", world_size=2, rank=1,
+                                              group_name="g")
+    assert out == "group" and len(timers) == 1
+    timers[0]()                                      # fires late
+    assert cut == []
+
+
+def test_a_positional_call_the_hook_cannot_bound_is_logged(monkeypatch, caplog):
+    monkeypatch.setenv("SGLESS_OPS", json.dumps({"guard_blocking_timeout_s": 2.0}))
+    with caplog.at_level("WARNING", logger="sgl_ess.guard"):
+        assert rendezvous_bound._around_init_group(lambda *a, **kw: a, "gloo", "tcp://127.0.0.1:1", None) == (
+            "gloo", "tcp://127.0.0.1:1", None)
+    assert any("--guard-blocking-timeout-s" in r.getMessage() and "positional" in r.getMessage()
+               for r in caplog.records)

@@ -10,12 +10,17 @@ and every request behind it, waits until the peer closes.
 
 Here (HookRegistry AROUND on the three module bindings SGLang calls; the function is imported by
 name into each module):
-  * a call without ``timeout`` gets ``timedelta(seconds=--guard-blocking-timeout-s)`` (the store's
-    operations and the new group's collectives honour it);
+  * a call without ``timeout`` runs with ``timedelta(seconds=--guard-blocking-timeout-s)`` (the
+    store's connect and operations during the rendezvous honour it); the group it returns is then
+    given back torch's default timeout (``_set_pg_timeout``, and its store's), so the bound covers
+    the rendezvous only, never the group's later collectives (update_weights_from_distributed's
+    broadcasts keep torch's 30 minutes). A caller's own ``timeout`` is kept as it is;
   * a timer of the same length: if the call has not returned by then, the TCP connections of this
     process to the rendezvous address (``init_method`` tcp://host:port) are shut down, so the
     blocked read ends with torch's own error ("Failed to recv ... Connection was likely closed"),
-    which SGLang returns as the route's failure message; the scheduler then serves again.
+    which SGLang returns as the route's failure message; the scheduler then serves again. A flag
+    under a lock, set when the call returns, keeps a late timer from cutting a group just set up;
+  * a call passing ``timeout`` positionally (none in SGLang 0.5.23) is left alone, with a warning.
 Registered only in processes of a server the launcher started (``SGLESS_OPS`` set).
 """
 
@@ -99,26 +104,54 @@ def cut_connections(host: str, port: int) -> int:
     return n
 
 
+def _restore_group_timeout(pg, timeout) -> None:
+    """Give group `pg` (and its store) `timeout`: the rendezvous bound must not outlive the rendezvous."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        c10d._set_pg_timeout(timeout, pg)
+        entry = c10d._world.pg_map.get(pg)
+        if entry is not None:
+            entry[1].set_timeout(timeout)
+    except Exception:  # noqa: BLE001 - a group that works with a shorter timeout beats a failed route
+        logger.warning("process group: could not restore its timeout to %s after the bounded rendezvous; "
+                       "its collectives keep --guard-blocking-timeout-s", timeout, exc_info=True)
+
+
 def _around_init_group(original_fn, *args, **kwargs):
     if len(args) >= 3:                       # (backend, init_method, timeout, ...) positionally: the caller's
+        logger.warning("init_custom_process_group called with %d positional arguments: its rendezvous is not "
+                       "bounded by --guard-blocking-timeout-s (the hook reads init_method/timeout as keywords)",
+                       len(args))
         return original_fn(*args, **kwargs)
+    callers_timeout = kwargs.get("timeout")
     kwargs = bounded_kwargs(kwargs, _timeout_s())
     timeout_s = kwargs["timeout"].total_seconds()
     peer = rendezvous_peer(kwargs.get("init_method"))
-    timer = None
+    timer, lock, state = None, threading.Lock(), {"returned": False}
     if peer is not None:
         def give_up():
-            n = cut_connections(*peer)
+            with lock:
+                if state["returned"]:
+                    return
+                n = cut_connections(*peer)
             logger.error("process group %r: no rendezvous with %s:%d within %g s (--guard-blocking-timeout-s); "
                          "closed %d connection(s) to it", kwargs.get("group_name"), peer[0], peer[1], timeout_s, n)
         timer = threading.Timer(timeout_s, give_up)
         timer.daemon = True
         timer.start()
     try:
-        return original_fn(*args, **kwargs)
+        pg = original_fn(*args, **kwargs)
     finally:
+        with lock:
+            state["returned"] = True
         if timer is not None:
             timer.cancel()
+    if callers_timeout is None and pg is not None:
+        from torch.distributed.distributed_c10d import default_pg_timeout
+
+        _restore_group_timeout(pg, default_pg_timeout)
+    return pg
 
 
 def register() -> None:

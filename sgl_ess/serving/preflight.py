@@ -37,7 +37,7 @@ class ModelGeometry:
     latent_row_bytes: int       # (kv_lora_rank + qk_rope_head_dim) x 2 (bf16 cache, the ESS-on path)
     index_topk: Optional[int]   # None: not a DSA model
     vocab_size: Optional[int]
-    kv_lora_rank: Optional[int] = None      # the latent's parts, for the FP8 row (launcher_defaults.fp8_geometry)
+    kv_lora_rank: Optional[int] = None      # the latent's parts, for the FP8 row (launcher/pool_plan.fp8_geometry)
     qk_rope_head_dim: Optional[int] = None
 
 

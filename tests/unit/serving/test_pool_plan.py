@@ -73,3 +73,15 @@ def test_device_specs():
     for bad in ("cuda", "cuda:0:80", "gpu:8:80", "cuda:8:-1"):
         with pytest.raises(PreflightError, match="expected auto, cpu or cuda:N:GiB"):
             parse_spec(bad)
+
+
+def test_the_hot_slot_source_is_the_rules_own():
+    """The plan carries where the hot slots came from in core/hot_slots.py's words (explain prints it)."""
+    from sgl_ess.core.hot_slots import hot_slots_rule
+
+    _, s = _plan(["--tp-size", "8"])
+    assert s["hot_slots_source"] == hot_slots_rule(0, 0, 61, 656, 2048, 65)[1] == "4 x index_topk"
+    _, s = _plan(["--tp-size", "8"], hot_slots_per_request=4096)
+    assert s["hot_slots_per_request"] == 4096 and s["hot_slots_source"] == "--ess-hot-slots-per-request 4096"
+    _, s = _plan(["--tp-size", "8"], max_gpu_buffer_size_gb=20)
+    assert s["hot_slots_source"].startswith("--ess-max-gpu-buffer-size-gb 20 / (65 request rows x 61 layers")

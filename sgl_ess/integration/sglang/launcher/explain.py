@@ -70,9 +70,9 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
     lines.append(f"  host pool sized by: {sizing['source']}")
     hot = sizing.get("hot_slots_per_request")
     if hot:
-        src = (f"--ess-hot-slots-per-request {cfg.hot_slots_per_request}" if cfg.hot_slots_per_request else
-               f"--ess-max-gpu-buffer-size-gb {cfg.max_gpu_buffer_size_gb:g}" if cfg.max_gpu_buffer_size_gb else
-               f"default 4 x index_topk {model['index_topk']}; set --ess-hot-slots-per-request to change")
+        src = sizing["hot_slots_source"]                                 # core/hot_slots.py's own words
+        if not (cfg.hot_slots_per_request or cfg.max_gpu_buffer_size_gb):
+            src = f"default {src} = {model['index_topk']}; set --ess-hot-slots-per-request to change"
         lines.append(f"  hot slots per request: {hot} per layer ({src}); needs >= index_topk + 1 = "
                      f"{model['index_topk'] + 1}")
         dev = sizing["hot_bytes_per_device"]

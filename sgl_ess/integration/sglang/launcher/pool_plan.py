@@ -24,7 +24,7 @@ from sgl_ess.config import EssConfig
 from sgl_ess.core.parallel_layout import host_pool_bytes
 from sgl_ess.serving import host_memory
 from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, ModelGeometry, PreflightError, check_hot_slots,
-                                       resolve_pool_tokens)
+                                       hot_slots_per_request, resolve_pool_tokens)
 
 from .argv_view import flag_value, has_flag, int_flag, parallel_layout, pools_per_node
 from .node_devices import GIB, NodeDevices
@@ -110,6 +110,9 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
         sizing["hot_slots_per_request"] = check_hot_slots(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
                                                           geo, running)
         if sizing["hot_slots_per_request"]:
+            # the rule's own words for where the number came from (core/hot_slots.py), for messages
+            sizing["hot_slots_source"] = hot_slots_per_request(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
+                                                               geo, running)[1]
             rows = running + 1                               # SGLang keeps one padding request row
             sizing["request_rows"] = rows
             sizing["hot_bytes_per_device"] = geo.layers * rows * sizing["hot_slots_per_request"] * geo.latent_row_bytes

@@ -40,9 +40,14 @@ def test_tp8_default_shares_the_nodes_usable_memory_among_its_eight_pools():
     assert av.flag_value(out, "--max-total-tokens") == str(s["tokens"])
 
 
-def test_an_explicit_budget_is_the_nodes_and_is_split_over_its_pools():
-    _, one = _plan(["--tp-size", "8"], memory_pool_size_gb=400, share_host_pool="on")
-    _, eight = _plan(["--tp-size", "8"], memory_pool_size_gb=400)
+def test_an_explicit_budget_is_the_nodes_and_is_split_over_its_pools(caplog):
+    with caplog.at_level("WARNING", logger="sgl_ess"):
+        _, one = _plan(["--tp-size", "8"], memory_pool_size_gb=400, share_host_pool="on")
+    assert "pool_budget_split" not in one and "GB per NODE" not in caplog.text      # one pool: nothing to split
+    with caplog.at_level("WARNING", logger="sgl_ess"):
+        _, eight = _plan(["--tp-size", "8"], memory_pool_size_gb=400)
+    assert "GB per NODE, split over its 8 host pools: 50.00 GB each" in eight["pool_budget_split"]
+    assert eight["pool_budget_split"] in caplog.text                               # warned, naming the split
     assert one["pools_per_node"] == 1 and eight["pools_per_node"] == 8
     assert one["host_bytes_per_node"] <= 400 * GB and eight["host_bytes_per_node"] <= 400 * GB
     assert eight["tokens"] < one["tokens"] // 7

@@ -68,6 +68,8 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
     lines.append(f"  host pool per pool: {sizing['tokens']} tokens (--max-total-tokens) = ({sizing['tokens']} + "
                  f"{sizing['page_size']} padding) x {model['layers']} layers x {model['latent_row_bytes']} B")
     lines.append(f"  host pool sized by: {sizing['source']}")
+    if sizing.get("pool_budget_split"):
+        lines.append(f"  note: {sizing['pool_budget_split']}")
     hot = sizing.get("hot_slots_per_request")
     if hot:
         src = sizing["hot_slots_source"]                                 # core/hot_slots.py's own words

@@ -103,6 +103,12 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
                         sizing["host_bytes_expected"] / 1e9, sizing["host_bytes_per_node"] / 1e9,
                         lay["ranks_per_node"], "one per attention-TP group on this node, shared by its ranks"
                         if pools < lay["ranks_per_node"] else "one per rank")
+        if cfg.memory_pool_size_gb and pools > 1:
+            sizing["pool_budget_split"] = (
+                f"--ess-memory-pool-size-gb {cfg.memory_pool_size_gb:g} is GB per NODE, split over its {pools} host "
+                f"pools: {cfg.memory_pool_size_gb / pools:.2f} GB each (it was GB per pool before sgl-ess's "
+                f"per-node sizing; give {cfg.memory_pool_size_gb * pools:g} for the old meaning)")
+            logger.warning("%s", sizing["pool_budget_split"])
         host_memory.check_host_pool(sizing["host_bytes_per_node"],
                                     source if pools == 1 or budget_source or cfg.memory_pool_size_gb
                                     else f"{source}, x {pools} pools on this node")

@@ -75,8 +75,9 @@ def test_the_nodes_gpus_bound_the_ranks_and_the_hot_buffers():
 def test_device_specs():
     assert parse_spec("auto") is None and parse_spec("cpu").kind == "cpu"
     assert parse_spec("cuda:8:141") == NodeDevices("cuda", 8, 141 * GIB, "--ess-explain-device cuda:8:141")
-    for bad in ("cuda", "cuda:0:80", "gpu:8:80", "cuda:8:-1"):
-        with pytest.raises(PreflightError, match="expected auto, cpu or cuda:N:GiB"):
+    assert parse_spec("cuda:8:141:2048").host_memory_bytes == 2048 * GIB
+    for bad in ("cuda", "cuda:0:80", "gpu:8:80", "cuda:8:-1", "cuda:8:141:0", "cuda:8:141:"):
+        with pytest.raises(PreflightError, match=r"expected auto, cpu or cuda:N:GiB\[:HostGiB\]"):
             parse_spec(bad)
 
 
@@ -90,3 +91,18 @@ def test_the_hot_slot_source_is_the_rules_own():
     assert s["hot_slots_per_request"] == 4096 and s["hot_slots_source"] == "--ess-hot-slots-per-request 4096"
     _, s = _plan(["--tp-size", "8"], max_gpu_buffer_size_gb=20)
     assert s["hot_slots_source"].startswith("--ess-max-gpu-buffer-size-gb 20 / (65 request rows x 61 layers")
+
+
+def test_a_given_host_memory_sizes_the_default_pool_not_this_machines():
+    """cuda:N:GiB:HostGiB plans the host pool from the given node's memory; without HostGiB, from this
+    machine's /proc/meminfo (the fixture's 2048 GB), and the sizing says which."""
+    node = parse_spec("cuda:8:141:1024")
+    _, given = _plan(["--tp-size", "8"], devices=node)
+    _, here = _plan(["--tp-size", "8"], devices=parse_spec("cuda:8:141"))
+    usable = host_memory.usable_bytes({"MemTotal": 1024 * GIB, "MemAvailable": 1024 * GIB})
+    assert given["host_memory"]["usable_bytes"] == usable and 0.99 * usable < given["host_bytes_per_node"] <= usable
+    assert "1024 GiB given by --ess-explain-device cuda:8:141:1024" in given["host_memory"]["source"]
+    assert here["host_memory"]["usable_bytes"] == host_memory.usable_bytes(MEM)
+    assert here["host_memory"]["source"] == "this machine's /proc/meminfo"
+    with pytest.raises(PreflightError, match="lower --ess-memory-pool-size-gb"):
+        _plan(["--tp-size", "8"], devices=parse_spec("cuda:8:141:64"), memory_pool_size_gb=100)

@@ -4,8 +4,9 @@ After every check the launcher runs before the model loads (flags, parallel layo
 host memory, hot slots against index_topk, hot buffers against GPU memory, the port), it prints the
 argv it would hand SGLang, the SGLang fields that differ from SGLang's defaults (and who set each),
 and the ESS plan with where every number came from; then the launcher exits 0. With
-``--ess-explain-device cuda:N:GiB`` (node_devices.py) the plan is the one for a node of N such GPUs,
-on any machine. Owns no state.
+``--ess-explain-device cuda:N:GiB[:HostGiB]`` (node_devices.py) the plan is the one for a node of N such
+GPUs (and HostGiB of host memory; without it, this machine's host memory, as the report says), on any
+machine. Owns no state.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
     mem = sizing.get("host_memory", {})
     lines.append(f"host memory: MemTotal {_gb(mem.get('mem_total_bytes'))}, MemAvailable "
                  f"{_gb(mem.get('mem_available_bytes'))}, usable host memory {_gb(mem.get('usable_bytes'))} "
-                 f"(MemAvailable minus the safety margin)")
+                 f"(MemAvailable minus the safety margin); read from {mem.get('source', 'this machine')}")
     dp_attn = " (DP attention)" if layout["dp_attention"] else ""
     lines.append(f"parallel layout: tp {layout['tp']}, dp {layout['dp']}{dp_attn}, pp {layout['pp']}, nnodes "
                  f"{layout['nnodes']}: {layout['ranks_per_node']} rank(s) per node")

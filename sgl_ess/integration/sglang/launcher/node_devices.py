@@ -1,9 +1,11 @@
 """The devices of the node the launcher plans for: CPU, or N GPUs of M bytes each.
 
-A real launch plans for the devices it has (torch.cuda). ``--ess-explain`` may plan for another node
-with ``--ess-explain-device cuda:N:GiB`` (N GPUs of GiB GiB each, e.g. ``cuda:8:141`` for an 8 x H200
-node) or ``cpu``: the CUDA branch of every default and check is then taken on any machine, and
-nothing is started. Host memory is always this machine's (/proc/meminfo). Owns no state.
+A real launch plans for the devices and host memory it has (torch.cuda, /proc/meminfo).
+``--ess-explain`` may plan for another node with ``--ess-explain-device cuda:N:GiB[:HostGiB]`` (N GPUs of
+GiB GiB each, and HostGiB GiB of host memory, all of it taken as available; e.g. ``cuda:8:141:2048`` for
+an 8 x H200 node with 2 TiB) or ``cpu``: the CUDA branch of every default and check is then taken on any
+machine, and nothing is started. Without HostGiB the host memory is this machine's, and the plan says
+so. Owns no state.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Optional
 from sgl_ess.serving.preflight import PreflightError
 
 GIB = 1 << 30
-SPEC_HELP = ("auto (this machine's devices) | cpu | cuda:N:GiB (N GPUs per node of GiB GiB each, e.g. cuda:8:141 "
-             "for 8 x H200): the devices --ess-explain plans for; only with --ess-explain")
+SPEC_HELP = ("auto (this machine's devices) | cpu | cuda:N:GiB[:HostGiB] (N GPUs per node of GiB GiB each and, "
+             "optionally, HostGiB GiB of host memory, all taken as available; e.g. cuda:8:141:2048 for 8 x H200 "
+             "with 2 TiB of host memory): the node --ess-explain plans for; only with --ess-explain. Without "
+             "HostGiB the host pool is sized from THIS machine's /proc/meminfo")
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,20 @@ class NodeDevices:
     gpus: int = 0                      # per node
     gpu_memory_bytes: Optional[int] = None
     source: str = "this machine"
+    host_memory_bytes: Optional[int] = None   # the node's host memory when given (spec); None: /proc/meminfo
+
+    def meminfo(self) -> dict[str, int]:
+        """Host memory as serving/host_memory reads it: the given node's (all of it available), or this
+        machine's /proc/meminfo."""
+        from sgl_ess.serving import host_memory
+
+        if self.host_memory_bytes is None:
+            return host_memory.meminfo()
+        return {"MemTotal": self.host_memory_bytes, "MemAvailable": self.host_memory_bytes}
+
+    def host_memory_source(self) -> str:
+        return ("this machine's /proc/meminfo" if self.host_memory_bytes is None else
+                f"{self.host_memory_bytes / GIB:g} GiB given by {self.source}, all of it taken as available")
 
     @property
     def has_cuda(self) -> bool:
@@ -43,11 +61,12 @@ def parse_spec(spec: str) -> Optional[NodeDevices]:
         return None
     if spec == "cpu":
         return NodeDevices("cpu", source="--ess-explain-device cpu")
-    m = re.fullmatch(r"cuda:(\d+):(\d+(?:\.\d+)?)", spec)
-    if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0:
-        raise PreflightError(f"--ess-explain-device {spec}: expected auto, cpu or cuda:N:GiB with N >= 1 GPUs and "
-                             f"GiB > 0 per GPU (e.g. cuda:8:141)")
-    return NodeDevices("cuda", int(m.group(1)), int(float(m.group(2)) * GIB), f"--ess-explain-device {spec}")
+    m = re.fullmatch(r"cuda:(\d+):(\d+(?:\.\d+)?)(?::(\d+(?:\.\d+)?))?", spec)
+    if not m or int(m.group(1)) < 1 or float(m.group(2)) <= 0 or (m.group(3) and float(m.group(3)) <= 0):
+        raise PreflightError(f"--ess-explain-device {spec}: expected auto, cpu or cuda:N:GiB[:HostGiB] with N >= 1 "
+                             f"GPUs, GiB > 0 per GPU and HostGiB > 0 of host memory (e.g. cuda:8:141:2048)")
+    host = int(float(m.group(3)) * GIB) if m.group(3) else None
+    return NodeDevices("cuda", int(m.group(1)), int(float(m.group(2)) * GIB), f"--ess-explain-device {spec}", host)
 
 
 def detect() -> NodeDevices:

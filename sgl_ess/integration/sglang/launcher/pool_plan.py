@@ -65,7 +65,7 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
     given = int_flag(out, "--max-total-tokens")
     lay = parallel_layout(out)
     pools = pools_per_node(lay, has_cuda, cfg.share_host_pool) if cfg.enabled else 1
-    info = host_memory.meminfo()
+    info = devices.meminfo()
     usable = host_memory.usable_bytes(info)
     pool_gb, budget_source = cfg.memory_pool_size_gb, None
     if has_cuda and cfg.enabled and not pool_gb and given is None and usable:
@@ -90,7 +90,7 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
     sizing = {"tokens": tokens, "source": source, "ess_enabled": cfg.enabled, "page_size": page,
               "memory_pool_size_gb_requested": cfg.memory_pool_size_gb or None,
               "host_memory": {"mem_total_bytes": info.get("MemTotal"), "mem_available_bytes": info.get("MemAvailable"),
-                              "usable_bytes": usable},
+                              "usable_bytes": usable, "source": devices.host_memory_source()},
               "devices": dataclasses.asdict(devices)}
     if cfg.enabled and geo is not None:
         sizing["model"] = {"path": model, "layers": geo.layers, "latent_row_bytes": geo.latent_row_bytes,
@@ -111,7 +111,7 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
             logger.warning("%s", sizing["pool_budget_split"])
         host_memory.check_host_pool(sizing["host_bytes_per_node"],
                                     source if pools == 1 or budget_source or cfg.memory_pool_size_gb
-                                    else f"{source}, x {pools} pools on this node")
+                                    else f"{source}, x {pools} pools on this node", info=info)
         running = int_flag(out, "--max-running-requests")
         sizing["hot_slots_per_request"] = check_hot_slots(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
                                                           geo, running)

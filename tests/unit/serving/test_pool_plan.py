@@ -106,3 +106,33 @@ def test_a_given_host_memory_sizes_the_default_pool_not_this_machines():
     assert here["host_memory"]["source"] == "this machine's /proc/meminfo"
     with pytest.raises(PreflightError, match="lower --ess-memory-pool-size-gb"):
         _plan(["--tp-size", "8"], devices=parse_spec("cuda:8:141:64"), memory_pool_size_gb=100)
+
+
+@pytest.mark.parametrize("sm, row", [(9, 1152), (10, 656)])
+def test_kv_cache_dtype_auto_is_planned_as_sglang_picks_it(monkeypatch, sm, row):
+    """--kv-cache-dtype auto on CUDA: the row SGLang 0.5.23 will use for a DSA model (its own override,
+    _dsa_kv_cache_dtype_default, run here with the GPU's SM given) is the row the plan sizes with."""
+    import types
+
+    import torch
+    from sglang.srt.arg_groups import overrides
+
+    from sgl_ess.integration.sglang.launcher import pool_plan
+
+    hf = types.SimpleNamespace(architectures=["DeepseekV32ForCausalLM"], index_topk=2048)
+    monkeypatch.setattr(overrides, "model_config_of", lambda view: types.SimpleNamespace(hf_config=hf))
+    monkeypatch.setattr(overrides, "get_platform", lambda: types.SimpleNamespace(is_npu=False, is_xpu=False))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (sm, 0))
+    view = types.SimpleNamespace(kv_cache_dtype="auto", dsa_prefill_backend=None, dsa_decode_backend=None)
+    sglang_picks = overrides._dsa_kv_cache_dtype_default(view)["kv_cache_dtype"]
+    node = NodeDevices("cuda", 8, 141 * GIB, "test", sm_major=sm)
+    assert pool_plan.kv_cache_dtype(["--kv-cache-dtype", "auto"], node)[0] == sglang_picks
+    _, s = _plan(["--tp-size", "8", "--kv-cache-dtype", "auto"], devices=node)
+    assert s["model"]["latent_row_bytes"] == row and s["model"]["kv_cache_dtype"] == sglang_picks
+
+
+def test_kv_cache_dtype_on_cuda_defaults_to_the_launchers_fp8_and_unknown_sm_plans_bf16():
+    _, s = _plan(["--tp-size", "8"])                                  # ESS on CUDA: launcher sets fp8_e4m3
+    assert s["model"]["kv_cache_dtype"] == "fp8_e4m3" and s["model"]["latent_row_bytes"] == 656
+    _, s = _plan(["--tp-size", "8", "--kv-cache-dtype", "auto"])      # a spec node: SM not known
+    assert s["model"]["latent_row_bytes"] == 1152 and "SM is not known" in s["model"]["kv_cache_dtype_source"]

@@ -60,7 +60,7 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
         lines.append("  the model's config has no MLA latent: no ESS sizing applies")
         return "\n".join(lines) + "\n"
     lines.append(f"  model: {model['path']}: {model['layers']} layers, latent row {model['latent_row_bytes']} B per "
-                 f"token per layer (kv cache dtype {model['kv_cache_dtype'] or 'SGLang default'}), index_topk "
+                 f"token per layer (kv cache dtype {model['kv_cache_dtype']}: {model['kv_cache_dtype_source']}), index_topk "
                  f"{model['index_topk']} (read through transformers.AutoConfig)")
     pools, per_pool = sizing["pools_per_node"], sizing["host_bytes_expected"]
     who = "one per attention-TP group, shared by its ranks" if pools < layout["ranks_per_node"] else "one per rank"

@@ -30,6 +30,7 @@ class NodeDevices:
     gpu_memory_bytes: Optional[int] = None
     source: str = "this machine"
     host_memory_bytes: Optional[int] = None   # the node's host memory when given (spec); None: /proc/meminfo
+    sm_major: Optional[int] = None            # GPU compute capability major (detect(); None: not known)
 
     def meminfo(self) -> dict[str, int]:
         """Host memory as serving/host_memory reads it: the given node's (all of it available), or this
@@ -77,7 +78,8 @@ def detect() -> NodeDevices:
         return NodeDevices("cpu")
     n = torch.cuda.device_count()
     try:
-        mem = int(torch.cuda.get_device_properties(0).total_memory)
+        props = torch.cuda.get_device_properties(0)
+        mem, major = int(props.total_memory), int(props.major)
     except (RuntimeError, AssertionError):
-        mem = None
-    return NodeDevices("cuda", n, mem, "this machine (torch.cuda)")
+        mem = major = None
+    return NodeDevices("cuda", n, mem, "this machine (torch.cuda)", sm_major=major)

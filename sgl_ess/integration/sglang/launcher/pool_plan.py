@@ -51,6 +51,26 @@ def fp8_geometry(geo: ModelGeometry) -> ModelGeometry:
     return dataclasses.replace(geo, latent_row_bytes=r + 4 * (r // 128) + 2 * p)
 
 
+def kv_cache_dtype(out: list[str], devices: NodeDevices) -> tuple[str, str]:
+    """(the latent cache dtype the server will use, why). On CUDA with ESS on the launcher sets fp8_e4m3
+    when --kv-cache-dtype is not given (launcher_defaults.cuda_ess_defaults); for ``auto`` SGLang 0.5.23
+    picks for a DSA model by the GPU (arg_groups/overrides.py: fp8_e4m3 on SM >= 10 without learnable
+    sinks, else bfloat16; an H200 is SM 9.0, so bfloat16). On CPU the ess backend keeps bfloat16 rows."""
+    given = flag_value(out, "--kv-cache-dtype")
+    if given in ("bf16", "bfloat16"):
+        return "bfloat16", f"--kv-cache-dtype {given}"
+    if given not in (None, "auto"):
+        return given, f"--kv-cache-dtype {given}"
+    if not devices.has_cuda:
+        return "bfloat16", f"--kv-cache-dtype {given or 'unset'} on CPU: the ess backend's bfloat16 rows"
+    if devices.sm_major is None:
+        return "bfloat16", ("--kv-cache-dtype auto: SGLang picks fp8_e4m3 on SM >= 10, bfloat16 below; this node's SM "
+                            f"is not known ({devices.source}), so the larger bfloat16 row is planned; give "
+                            "--kv-cache-dtype to plan exactly")
+    dtype = "fp8_e4m3" if devices.sm_major >= 10 else "bfloat16"
+    return dtype, f"--kv-cache-dtype auto: SGLang picks {dtype} for a DSA model on SM {devices.sm_major}"
+
+
 def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: GeometryReader = read_geometry
          ) -> tuple[dict, Optional[ModelGeometry]]:
     """(the sizing of `out`, the model's geometry as sized: None with ESS off or without an MLA latent).
@@ -59,7 +79,8 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
     has_cuda = devices.has_cuda
     model = flag_value(out, "--model-path") or ""
     geo = geometry(model, has_flag(out, "--trust-remote-code"), flag_value(out, "--revision")) if cfg.enabled else None
-    if geo is not None and flag_value(out, "--kv-cache-dtype") == "fp8_e4m3":
+    kv_dtype, kv_dtype_source = kv_cache_dtype(out, devices)
+    if geo is not None and kv_dtype == "fp8_e4m3":
         geo = fp8_geometry(geo)
     page = int_flag(out, "--page-size") or DSA_PAGE_SIZE
     given = int_flag(out, "--max-total-tokens")
@@ -94,7 +115,8 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
               "devices": dataclasses.asdict(devices)}
     if cfg.enabled and geo is not None:
         sizing["model"] = {"path": model, "layers": geo.layers, "latent_row_bytes": geo.latent_row_bytes,
-                           "index_topk": geo.index_topk, "kv_cache_dtype": flag_value(out, "--kv-cache-dtype")}
+                           "index_topk": geo.index_topk, "kv_cache_dtype": kv_dtype,
+                           "kv_cache_dtype_source": kv_dtype_source}
         sizing["host_bytes_expected"] = host_pool_bytes(tokens, page, geo.layers, geo.latent_row_bytes)
         sizing.update(pools_per_node=pools, ranks_per_node=lay["ranks_per_node"],
                       host_bytes_per_node=pools * sizing["host_bytes_expected"])

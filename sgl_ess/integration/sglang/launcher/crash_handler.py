@@ -105,6 +105,9 @@ def fatal_exit(code: int, what: str) -> None:
     except Exception:  # noqa: BLE001 - exiting anyway; what failed is in the log above
         logger.exception("stopping server processes")
     shm_files.remove_all()
+    from ..observe.scheduler_watchdog import remove_stall_files
+
+    remove_stall_files()
     os._exit(code)
 
 

@@ -16,7 +16,10 @@
     without CUDA ``MOONCAKE_PROTOCOL=tcp`` (no RDMA device) and, on a prefill node,
     ``SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0`` (that path records a CUDA event); with a
     loopback ``--host``, ``SGLANG_HOST_IP=127.0.0.1`` (the address Mooncake advertises to peers).
-A value the user already set is never overridden.
+  * ``SGLESS_RUN_ID`` (always, the launcher's own): ``<launcher pid>-<random>``, inherited by every
+    process of the server; the step watchdog keys its stall files by it (with --dp-size > 1 the
+    schedulers are not children of the HTTP process), and ``cleanup`` removes this run's.
+A value the user already set is never overridden (``SGLESS_RUN_ID`` is the launcher's, not the user's).
 """
 
 from __future__ import annotations
@@ -74,10 +77,12 @@ def gloo_interface(dist_init_addr: str) -> str | None:
 
 
 ENV_PD_ROLE = "SGLESS_PD_ROLE"
+ENV_RUN_ID = "SGLESS_RUN_ID"
 
 
 def apply(host: str, has_cuda: bool, nnodes: int, dist_init_addr: str | None, pd_role: str | None = None) -> None:
     global _dist_file
+    os.environ[ENV_RUN_ID] = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if not has_cuda:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         os.environ.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
@@ -157,7 +162,9 @@ def bind_cpu_threads(server_args, has_cuda: bool) -> str | None:
 
 
 def cleanup() -> None:
-    """At the launcher's exit: its rendezvous file and its server's /dev/shm files (shm_files.py)."""
+    """At the launcher's exit: its rendezvous file, its server's /dev/shm files (shm_files.py) and the
+    step watchdog's stall files of this run."""
+    from ..observe import scheduler_watchdog
     from . import shm_files
 
     if _dist_file and os.path.exists(_dist_file):
@@ -166,3 +173,4 @@ def cleanup() -> None:
         except OSError:
             pass
     shm_files.remove_all()
+    scheduler_watchdog.remove_stall_files()

@@ -13,8 +13,13 @@ anyway (RE2 is linear; Python re runs under ``--guard-pattern-budget-ms``), so i
 watchdog is what reports a step slowed by something else.
 
 /health reads the report from a file the scheduler writes while the stall lasts
-(``stall_dir()/sgl_ess_stall_<HTTP pid>_<scheduler pid>.json``; the HTTP process is the
-scheduler's parent) -- the scheduler cannot answer a status request while it is stuck.
+(``stall_dir()/sgl_ess_stall_<run id>_<scheduler pid>.json``) -- the scheduler cannot answer a
+status request while it is stuck. The run id is ``SGLESS_RUN_ID``, which the launcher exports
+before SGLang starts (launcher/process_env.py) and every server process inherits: with
+--dp-size > 1 the schedulers are children of SGLang's DataParallelController, not of the HTTP
+process. Without it (a process not started by the launcher) the key is the HTTP process's pid,
+the scheduler's parent. The launcher's cleanup removes the run's stall files (a scheduler killed
+mid-stall leaves its file).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from http import HTTPStatus
 from typing import Optional
 
 from sgl_ess.serving.ops_config import ops_from_env
+from sgl_ess.integration.sglang.launcher.process_env import ENV_RUN_ID
 from sgl_ess.serving.step_watch import WATCHDOG_FLAG, StepWatch
 
 logger = logging.getLogger("sgl_ess.watchdog")
@@ -42,14 +48,31 @@ def stall_dir() -> str:
     return tempfile.gettempdir()
 
 
+def _run_key(fallback_pid: int) -> str:
+    return os.environ.get(ENV_RUN_ID) or str(fallback_pid)
+
+
 def _stall_path() -> str:
-    return os.path.join(stall_dir(), f"sgl_ess_stall_{os.getppid()}_{os.getpid()}.json")
+    return os.path.join(stall_dir(), f"sgl_ess_stall_{_run_key(os.getppid())}_{os.getpid()}.json")
 
 
-def stall_reasons(http_pid: Optional[int] = None) -> list[str]:
-    """The reasons every scheduler of this HTTP process reports a stall now (read by /health)."""
+def _run_stall_files() -> list[str]:
+    return sorted(glob.glob(os.path.join(stall_dir(), f"sgl_ess_stall_{glob.escape(_run_key(os.getpid()))}_*.json")))
+
+
+def remove_stall_files() -> None:
+    """Remove this run's stall files (the launcher's exit paths)."""
+    for path in _run_stall_files():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def stall_reasons() -> list[str]:
+    """The reasons every scheduler of this server reports a stall now (read by /health)."""
     out = []
-    for path in sorted(glob.glob(os.path.join(stall_dir(), f"sgl_ess_stall_{http_pid or os.getpid()}_*.json"))):
+    for path in _run_stall_files():
         try:
             with open(path) as fh:
                 out.append(json.load(fh)["reason"])

@@ -39,6 +39,7 @@ class ModelGeometry:
     vocab_size: Optional[int]
     kv_lora_rank: Optional[int] = None      # the latent's parts, for the FP8 row (launcher/pool_plan.fp8_geometry)
     qk_rope_head_dim: Optional[int] = None
+    context_len: Optional[int] = None       # SGLang's context length of the config (get_context_length)
 
 
 def model_geometry(model_path: str) -> Optional[ModelGeometry]:

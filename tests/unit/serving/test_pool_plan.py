@@ -9,6 +9,7 @@ from sgl_ess.integration.sglang.launcher import argv_view as av
 from sgl_ess.integration.sglang.launcher.node_devices import GIB, NodeDevices, parse_spec
 from sgl_ess.serving import host_memory
 from sgl_ess.serving.preflight import ModelGeometry, PreflightError
+from sgl_ess.store.config import StoreConfig
 
 GB = 10 ** 9
 DSV32 = ModelGeometry(layers=61, latent_row_bytes=1152, index_topk=2048, vocab_size=129280, kv_lora_rank=512,
@@ -66,9 +67,18 @@ def test_the_nodes_gpus_bound_the_ranks_and_the_hot_buffers():
     with pytest.raises(PreflightError, match=r"8 ranks per node .* the node has 4 GPU"):
         _plan(["--tp-size", "8"], devices=NodeDevices("cuda", 4, 141 * GIB, "test"))
     _plan(["--tp-size", "8", "--nnodes", "2"], devices=NodeDevices("cuda", 4, 141 * GIB, "test"))
-    _, s = _plan(["--tp-size", "8"])
-    assert s["hot_bytes_per_device"] == 61 * 65 * 8192 * 656       # 4 x index_topk slots, 64 + 1 request rows
-    with pytest.raises(PreflightError, match=r"hot buffers need .* GiB on each GPU, but a GPU has 16\.0 GiB"):
+    _, s = _plan(["--tp-size", "8", "--context-length", "32768"])
+    # the whole store the scheduler builds (the same StoreConfig), not only its hot buffers
+    store = StoreConfig(num_layers=61, row_bytes=656, host_capacity_tokens=1, hot_slots_per_request=4 * 2048,
+                        max_requests=65, topk=2048, max_context_tokens=32768, device="cuda",
+                        ring_slots=build_config(None, {}, environ={}).ring_slots)
+    assert s["device_allocation"] == store.device_allocation() and s["context_tokens"] == 32768
+    assert s["device_bytes_per_device"] == sum(store.device_allocation().values())
+    assert s["device_bytes_per_device"] > 61 * 65 * 8192 * 656     # more than 4 x index_topk slots x 65 rows alone
+    assert s["device_allocation"]["token_map"] == 66 * 32769 * 4    # request rows + 1, context + 1, int32
+    _, dp = _plan(["--tp-size", "8", "--dp-size", "8", "--enable-dp-attention"])
+    assert dp["request_rows"] == 64 // 8 + 1                          # per DP-attention worker, as the scheduler
+    with pytest.raises(PreflightError, match=r"ESS store .* needs .* GiB on each GPU, but a GPU has 16\.0 GiB"):
         _plan(["--tp-size", "8"], devices=NodeDevices("cuda", 8, 16 * GIB, "test"))
 
 

@@ -75,14 +75,19 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
     if hot:
         src = sizing["hot_slots_source"]                                 # core/hot_slots.py's own words
         if not (cfg.hot_slots_per_request or cfg.max_gpu_buffer_size_gb):
-            src = f"default {src} = {model['index_topk']}; set --ess-hot-slots-per-request to change"
+            src = f"default {src}, index_topk {model['index_topk']}; set --ess-hot-slots-per-request to change"
         lines.append(f"  hot slots per request: {hot} per layer ({src}); needs >= index_topk + 1 = "
                      f"{model['index_topk'] + 1}")
-        dev = sizing["hot_bytes_per_device"]
+        dev, alloc = sizing["device_bytes_per_device"], sizing["device_allocation"]
         of = (f" of {devices.gpu_memory_bytes / GIB:.1f} GiB per GPU" if devices.has_cuda and devices.gpu_memory_bytes
               else "")
-        lines.append(f"  device bytes per {'GPU' if devices.has_cuda else 'rank'} (hot buffers): {_gb(dev)}"
-                     f"{of} = {sizing['request_rows']} request rows (--max-running-requests "
-                     f"+ 1 padding) x {hot} slots x {model['layers']} layers x {model['latent_row_bytes']} B")
+        lines.append(f"  device bytes per {'GPU' if devices.has_cuda else 'rank'} (ESS store): {_gb(dev)}{of}, "
+                     f"the store's device allocation (StoreConfig.device_allocation) for {sizing['request_rows']} "
+                     f"request rows (--max-running-requests per DP-attention worker + 1 padding) x "
+                     f"{sizing['store_hot_slots_per_request']} hot slots x {model['layers']} layers x "
+                     f"{model['latent_row_bytes']} B plus rings and speculative rows in whole pages, and state for "
+                     f"{sizing['context_tokens']} context tokens ({sizing['context_tokens_source']}); an MTP draft "
+                     "model's store is extra")
+        lines.append("    by tensor: " + ", ".join(f"{k} {_gb(v)}" for k, v in alloc.items() if v))
     lines.append("  (SGLang's own resolution and the model load run at launch, not here)")
     return "\n".join(lines) + "\n"

@@ -40,8 +40,11 @@ def geometry_of(cfg) -> Optional[ModelGeometry]:
         layers = int(text.num_hidden_layers)
     except (AttributeError, TypeError, ValueError):
         return None
+    from sglang.srt.utils.hf_transformers.common import get_context_length
+
     return ModelGeometry(layers=layers, latent_row_bytes=(r + p) * 2, index_topk=getattr(text, "index_topk", None),
-                         vocab_size=getattr(text, "vocab_size", None), kv_lora_rank=r, qk_rope_head_dim=p)
+                         vocab_size=getattr(text, "vocab_size", None), kv_lora_rank=r, qk_rope_head_dim=p,
+                         context_len=get_context_length(text))
 
 
 def _unreadable(model: str, e: BaseException) -> str:

@@ -9,9 +9,11 @@ attention-TP group when its ranks share it - core/parallel_layout.py):
   * neither, on CUDA: the node's usable host memory (MemAvailable minus the safety margin,
     serving/host_memory.py) / pools per node - named as a default in every message;
   * neither, on CPU: 65536 tokens per pool (16384 with ESS off), also named as a default.
-The node's pools together are then checked against usable host memory. Hot buffers: the slots per
-request per layer (core/hot_slots.py) x request rows x layers x row bytes, on each GPU; checked
-against the GPU's memory when it is known. Owns no memory.
+The node's pools together are then checked against usable host memory. Device bytes per GPU: the
+store's whole device allocation (StoreConfig.device_allocation of the StoreConfig the scheduler will
+build, pools/pool_adapter.store_config: hot buffers with the slots per request per layer of
+core/hot_slots.py, staging rings, speculative rows, LRU state, token map, counters), checked against
+the GPU's memory when it is known. An MTP draft model's store is not included. Owns no memory.
 """
 
 from __future__ import annotations
@@ -141,22 +143,41 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
             # the rule's own words for where the number came from (core/hot_slots.py), for messages
             sizing["hot_slots_source"] = hot_slots_per_request(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb,
                                                                geo, running)[1]
-            rows = running + 1                               # SGLang keeps one padding request row
-            sizing["request_rows"] = rows
-            sizing["hot_bytes_per_device"] = geo.layers * rows * sizing["hot_slots_per_request"] * geo.latent_row_bytes
+            sizing.update(store_device_bytes(cfg, geo, out, running, lay, has_cuda))
         if has_cuda:
-            check_gpus(devices, lay["ranks_per_node"], sizing.get("hot_bytes_per_device"))
+            check_gpus(devices, lay["ranks_per_node"], sizing.get("device_bytes_per_device"))
     return sizing, geo
 
 
-def check_gpus(devices: NodeDevices, ranks_per_node: int, hot_bytes: Optional[int]) -> None:
-    """Each rank of the node needs a GPU of its own, and each GPU must hold its rank's hot buffers."""
+def store_device_bytes(cfg: EssConfig, geo: ModelGeometry, out: list[str], running: int, lay: dict,
+                       has_cuda: bool) -> dict:
+    """The device bytes of the store one rank builds, by the scheduler's own StoreConfig (the same call
+    pools/cuda_memory.ess_device_bytes makes): request rows = --max-running-requests per DP-attention
+    worker + SGLang's padding row; columns = --context-length, else the model's (SGLang's get_context_length)."""
+    from ..pools.pool_adapter import store_config
+
+    workers = lay["dp"] if lay["dp_attention"] else 1
+    rows = max(1, running // workers) + 1
+    ctx = int_flag(out, "--context-length") or geo.context_len or 131072
+    ctx_source = ("--context-length" if int_flag(out, "--context-length") else
+                  "the model's config" if geo.context_len else "not known: StoreConfig's default")
+    sc = store_config(cfg, geo.layers, geo.latent_row_bytes, int(geo.index_topk), rows, ctx,
+                      "cuda" if has_cuda else "cpu", 1)
+    alloc = sc.device_allocation()
+    return {"request_rows": rows, "context_tokens": ctx, "context_tokens_source": ctx_source,
+            "store_hot_slots_per_request": sc.hot_slots_per_request, "device_allocation": alloc,
+            "device_bytes_per_device": sum(alloc.values())}
+
+
+def check_gpus(devices: NodeDevices, ranks_per_node: int, store_bytes: Optional[int]) -> None:
+    """Each rank of the node needs a GPU of its own, and each GPU must hold its rank's ESS store."""
     if devices.gpus and ranks_per_node > devices.gpus:
         raise PreflightError(f"{ranks_per_node} ranks per node (--tp-size x --pp-size, x --dp-size without DP "
                              f"attention, / --nnodes) but the node has {devices.gpus} GPU(s) ({devices.source}); "
                              f"lower --tp-size / --dp-size, or spread the ranks with --nnodes")
-    if hot_bytes and devices.gpu_memory_bytes and hot_bytes > devices.gpu_memory_bytes:
-        raise PreflightError(f"the ESS hot buffers need {hot_bytes / GIB:.1f} GiB on each GPU, but a GPU has "
+    if store_bytes and devices.gpu_memory_bytes and store_bytes > devices.gpu_memory_bytes:
+        raise PreflightError(f"the ESS store (hot buffers, rings, LRU state, token map) needs {store_bytes / GIB:.1f} "
+                             f"GiB on each GPU, but a GPU has "
                              f"{devices.gpu_memory_bytes / GIB:.1f} GiB ({devices.source}); lower "
                              f"--ess-hot-slots-per-request or --max-running-requests, or set "
                              f"--ess-max-gpu-buffer-size-gb")

@@ -1,8 +1,11 @@
 """Bounded soak of the real server (issues 7 and 20): minutes of mixed traffic with aborts, client
 disconnects and bad requests (also on other routes and methods, operator routes without a key,
-JSON nested 100,000 deep), then:
+JSON nested 100,000 deep) and issue 38's hostile requests (HOSTILE below: backtracking and lookaround
+stop regexes, a regex grammar with the backtracking pattern, malformed client values, a 4 MB prompt),
+then:
 
-  * zero crashes: the server process lives, no 5xx answer, every bad request got its 4xx;
+  * zero crashes: the server process lives, no 5xx answer, every bad request got its 4xx, every hostile
+    kind the answer the guard designs for it (and each kind was sent), no traceback in the server's log;
   * live host rows back to zero WITHOUT a flush (cached prefix rows may stay: they are evictable);
   * a fixed greedy probe gives the same tokens as before the soak (checked along the way too);
   * RSS flat after warm-up: the server's total RSS at the end is within 5% of after warm-up.
@@ -57,6 +60,45 @@ BAD_ANY = [   # (method, path, JSON body or raw bytes)
     ("POST", "/v1/completions", b"[" * 100000 + b"]" * 100000),
 ]
 
+# issue 38: hostile requests. The server runs with --guard-allow-backtracking-stop-regex true (budget
+# --guard-pattern-budget-ms at its default), so both scheduler-side paths are exercised: a pattern RE2
+# compiles is evaluated in linear time (served, 200), and a lookaround only Python re can run is aborted
+# past the budget (400 naming it). Without the flag the lookaround would be a plain ingress 400.
+BACKTRACKER = "(?:.|.)*\u0001"
+LOOKAROUND = "(?s)(?:.|.)*(?=\u0001)"
+DEEP = json.loads('{"a":' * 900 + "1" + "}" * 900)
+CHAT_HI = [{"role": "user", "content": "hi"}]
+BIG_PROMPT = json.dumps({"text": "lorem ipsum dolor sit amet " * (4_000_000 // 27),
+                         "sampling_params": {"max_new_tokens": 2}}).encode()       # 4 MB, under the body limit
+BUDGET_FLAG = "--guard-pattern-budget-ms"
+HOSTILE = {   # kind: (path, body or raw bytes, expected status, text the answer must hold)
+    "bt_stop_generate": ("/generate", {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": 48, "temperature": 0, "ignore_eos": True, "stop_regex": BACKTRACKER}}, 200, ""),
+    "bt_stop_completions": ("/v1/completions", {"model": "default", "prompt": "Once upon a time", "max_tokens": 48,
+                                                "temperature": 0, "ignore_eos": True, "stop_regex": BACKTRACKER},
+                            200, ""),
+    "lookaround_stop": ("/generate", {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": 48, "temperature": 0, "ignore_eos": True, "stop_regex": LOOKAROUND}}, 400, BUDGET_FLAG),
+    "lookaround_stop_completions": ("/v1/completions", {"model": "default", "prompt": "Once upon a time",
+                                                        "max_tokens": 48, "temperature": 0, "ignore_eos": True,
+                                                        "stop_regex": LOOKAROUND}, 400, BUDGET_FLAG),
+    "paren_stop_generate": ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2, "stop_regex": "("}},
+                            400, "stop_regex"),
+    "paren_stop_completions": ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 2,
+                                                   "stop_regex": "("}, 400, "stop_regex"),
+    "bt_regex_grammar": ("/generate", {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "regex": BACKTRACKER}}, 200, ""),
+    "sampling_params_mismatch": ("/generate", {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 2}]},
+                                 400, "sampling_params"),
+    "custom_params_900_deep": ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2,
+                                                                             "custom_params": DEEP}},
+                               400, "custom_params"),
+    "chat_template_kwargs_type": ("/v1/chat/completions", {"model": "default", "messages": CHAT_HI, "max_tokens": 2,
+                                                           "chat_template_kwargs": [1, 2]},
+                                  400, "chat_template_kwargs"),
+    "prompt_4mb": ("/generate", BIG_PROMPT, 400, "cannot fit"),
+}
+
 
 def _rss(pid: int) -> int:
     procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
@@ -110,8 +152,14 @@ def _generate_then_abort(srv, rng):
 
 
 def _one(srv, rng, tally):
-    kind = rng.choices(["complete", "chat", "stream_leave", "abort", "bad"], [5, 2, 2, 2, 3])[0]
-    if kind == "complete":
+    kind = rng.choices(["complete", "chat", "stream_leave", "abort", "bad", "hostile"], [5, 2, 2, 2, 3, 2])[0]
+    if kind == "hostile":
+        kind = rng.choice(sorted(HOSTILE))
+        path, body, want, needle = HOSTILE[kind]
+        raw = body if isinstance(body, bytes) else None
+        st, text = call(srv.base, path, None if raw else body, timeout=300, raw=raw)
+        assert st == want and needle in text, f"{kind}: expected {want} with {needle!r}, got {st}: {text[:300]}"
+    elif kind == "complete":
         n = rng.randint(8, 900)
         st, text = call(srv.base, "/generate", {"input_ids": ids_prompt(n), "sampling_params": {
             "max_new_tokens": rng.randint(1, 48), "temperature": rng.choice([0, 0.8])}}, timeout=600)
@@ -146,7 +194,7 @@ def _wait_live_zero(srv, timeout_s=120):
 
 def test_soak_mixed_traffic_with_aborts_and_bad_requests():
     srv = Server("ess_soak", ["--ess-hot-slots-per-request", "48", "--max-running-requests", "16",
-                              "--max-total-tokens", "16384"])
+                              "--max-total-tokens", "16384", "--guard-allow-backtracking-stop-regex", "true"])
     try:
         srv.wait_healthy()
         reference = _probe_ids(srv)
@@ -185,6 +233,11 @@ def test_soak_mixed_traffic_with_aborts_and_bad_requests():
               f"{rss_end / 1e6:.0f} MB; final status {s}")
         assert sum(v for (k, _), v in tally.counts.items() if k == "bad") > 0
         assert sum(v for (k, _), v in tally.counts.items() if k == "abort") > 0
+        unsent = sorted(set(HOSTILE) - {k for k, _ in tally.counts})
+        assert not unsent, f"hostile kinds never sent: {unsent}"
+        with open(srv.log.name, errors="replace") as fh:
+            log = fh.read()
+        assert "Traceback" not in log, log[log.index("Traceback") - 300:][:3000]
         assert rss_end <= rss_mid * (1 + RSS_GROWTH_MAX), (
             f"RSS grew {100 * (rss_end / rss_mid - 1):.1f}% over the soak's second half ({rss_mid / 1e6:.0f} -> "
             f"{rss_end / 1e6:.0f} MB; {rss_warm / 1e6:.0f} MB after warm-up)")

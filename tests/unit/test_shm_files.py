@@ -1,5 +1,6 @@
-"""shm_files: a /dev/shm file a descendant process holds open or mapped is recorded and removed;
-pid-stamped SGLang names of recorded pids are matched, others not; a file nobody of ours holds stays."""
+"""shm_files: an SGLang-named /dev/shm file a descendant process holds open or mapped is recorded and
+removed; pid-stamped SGLang names of recorded pids are matched, others (and reused pids) not; a file
+nobody of ours holds stays; a file we map but someone else created and still holds stays."""
 
 import os
 import subprocess
@@ -27,8 +28,8 @@ time.sleep(600)
 
 @pytest.mark.parametrize("how", ["fd-and-map", "map-only"])
 def test_held_file_recorded_and_removed(how):
-    path = f"/dev/shm/sgl_ess_test_{uuid.uuid4().hex}.shm"
-    other = f"/dev/shm/sgl_ess_test_other_{uuid.uuid4().hex}.shm"
+    path = f"/dev/shm/sglang_loads_sgl_ess_test_{uuid.uuid4().hex}.shm"
+    other = f"/dev/shm/sglang_loads_sgl_ess_test_other_{uuid.uuid4().hex}.shm"
     open(other, "wb").close()
     child = subprocess.Popen([sys.executable, "-c", HOLDER, path, how], stdout=subprocess.PIPE, text=True)
     try:
@@ -48,10 +49,59 @@ def test_held_file_recorded_and_removed(how):
 
 
 def test_pid_stamped_names():
-    names = ["sgl_shm_mm_1234_ab12cd34", "sgl_shm_mm_999_ab12cd34", "multi_tokenizer_args_1234",
-             "multi_tokenizer_args_77", "sglang_loads_x_1234.shm", "sem.mp-1234"]
-    got = shm_files.pid_stamped(names, {1234})
-    assert got == {"/dev/shm/sgl_shm_mm_1234_ab12cd34", "/dev/shm/multi_tokenizer_args_1234"}
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()                                                   # a process of ours, gone
+    gone = child.pid
+    alive = os.getpid()
+    mine = (alive, shm_files._create_time(alive))
+    reused = (os.getppid(), 1.0)                                   # that pid now belongs to another process
+    names = [f"sgl_shm_mm_{gone}_ab12cd34", f"sgl_shm_mm_{alive}_ab12cd34", "sgl_shm_mm_999999999_ab12cd34",
+             f"multi_tokenizer_args_{alive}", "multi_tokenizer_args_999999999", f"sglang_loads_x_{alive}.shm",
+             f"sem.mp-{alive}", f"sgl_shm_mq_{os.getppid()}_ab12cd34"]
+    got = shm_files.pid_stamped(names, {(gone, 123.0), mine, reused})
+    assert got == {f"/dev/shm/sgl_shm_mm_{gone}_ab12cd34", f"/dev/shm/sgl_shm_mm_{alive}_ab12cd34",
+                   f"/dev/shm/multi_tokenizer_args_{alive}"}
+
+
+OUTSIDER = "import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2], " \
+           "'fd-and-map'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, " \
+           "start_new_session=True).pid, flush=True)"
+
+
+def test_mapped_by_us_but_created_by_someone_else_is_not_removed():
+    """A file one of our processes maps is not ours when another program created it: neither a name
+    SGLang does not use, nor an SGLang name a live process outside our tree still holds, is removed."""
+    foreign = f"/dev/shm/other_program_{uuid.uuid4().hex}"
+    shared = f"/dev/shm/sglang_loads_other_server_{uuid.uuid4().hex}.shm"
+    outsiders, ours = [], []
+    try:
+        for path in (foreign, shared):                  # created and held by a process outside our tree
+            launcher = subprocess.run([sys.executable, "-c", OUTSIDER, HOLDER, path], capture_output=True,
+                                      text=True, check=True)
+            outsiders.append(int(launcher.stdout.split()[0]))
+            while not os.path.exists(path):
+                time.sleep(0.05)
+        for path in (foreign, shared):                  # and mapped by a process of ours
+            child = subprocess.Popen([sys.executable, "-c", HOLDER, path, "map-only"], stdout=subprocess.PIPE,
+                                     text=True)
+            ours.append(child)
+            assert child.stdout.readline().strip() == "ready"
+        shm_files.record()
+        removed = shm_files.remove_all()
+        assert not ({foreign, shared} & set(removed)), removed
+        assert os.path.exists(foreign) and os.path.exists(shared)
+    finally:
+        for child in ours:
+            child.kill()
+            child.wait()
+        for pid in outsiders:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        for path in (foreign, shared):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def test_held_by_a_gone_process_is_empty():

@@ -100,6 +100,7 @@ class LateStreams:
         self.streams: list[FakeStream] = []
         self.rng = random.Random(seed)
         self.driver = driver             # a StockDriver on the first mapping unless one is given
+        self.host_syncs = 0              # synchronize() calls: the host waited for the device
 
     # --- the runtime API (stream_runtime.CudaStreams) --------------------------------------
     def stream(self, priority: str) -> FakeStream:
@@ -134,6 +135,7 @@ class LateStreams:
 
     def synchronize(self, ev: FakeEvent) -> None:
         """The host waits for the event: the stream that records it runs up to it (and what it waits on)."""
+        self.host_syncs += 1
         self._run_until(ev)
 
     def launch(self, stream: FakeStream, fn):

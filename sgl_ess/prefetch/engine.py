@@ -90,11 +90,18 @@ class FetchEngine(ABC):
     @abstractmethod
     def done(self, ticket: Ticket) -> bool: ...
 
+    def wait_layer(self, ticket: Ticket, layer: int) -> bool:
+        """Order later work after layer `layer`'s part of a zero plan (its every-layer memset). Returns
+        True when the whole plan is now ordered (the caller may forget the ticket). An engine that
+        runs a zero plan as one operation waits for all of it."""
+        self.wait(ticket)
+        return True
+
     def complete(self, ticket: Ticket) -> None:
         """The host returns once the plan's writes are done, not only ordered before later device
-        work (the store's zeroing of released host rows: SGLang may then hand the locations to a
-        writer outside any stream). A host engine's wait is that already; call it before anything
-        else waits on the ticket."""
+        work (the store's zeroing of released host rows where a writer outside every stream - a PD
+        decode node's transfer - may reuse them). A host engine's wait is that already; call it
+        before anything else waits on the ticket."""
         self.wait(ticket)
 
     @abstractmethod

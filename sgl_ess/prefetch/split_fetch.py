@@ -92,6 +92,9 @@ class SplitFetch(FetchEngine):
     def done(self, ticket: Ticket) -> bool:
         return ticket.plan_id not in self._pending and self.inner.done(ticket)
 
+    def wait_layer(self, ticket: Ticket, layer: int) -> bool:
+        return self.inner.wait_layer(ticket, layer)
+
     def complete(self, ticket: Ticket) -> None:
         self.inner.complete(ticket)           # zero plans only: they pass through unsplit
 

@@ -5,27 +5,32 @@ The device layer of the data path on a GPU. `submit` forks the side stream from 
 launches the plan's zero-copy FlashTrans kernel there and records an event; `wait` makes the
 current stream wait on that event. Nothing in a step blocks the host or allocates on it, so decode
 steps that use it can be captured in CUDA graphs (stream fork/join is capturable); only a release's
-zeroing makes the host wait (`complete`, outside any step).
+zeroing on a PD decode node makes the host wait (`complete`, outside any step).
 
 Ordering replaces tags: the current stream cannot read a ring row before the event of the plan
 that fills it, so readers need not check ring tags (`ordered_on_device`). A host row is zeroed
 by a kernel on the zero stream, after every copy and every write the compute stream issued before the
-release (SGLang's writer stores new rows through a zero-copy view on that stream), and the store
-waits for it on the host (`complete`) before SGLang's allocator may reuse a location: no memset can
-land after a later write, whoever writes (a PD transfer by RDMA is outside every stream).
+release (SGLang's writer stores new rows through a zero-copy view on that stream). Later writes are
+ordered after it on the device: a zero plan is one memset per layer with an event after each, and a
+host write to layer l (the backends fence before each layer's KV write) waits for layer l's memset
+only (`wait_layer`). Only where a writer outside every stream may reuse a released location (a PD
+decode node: Mooncake / NIXL write host rows by RDMA) does the store make the host wait for the
+zeroing (`complete`); zero plans keep their events in their own table (`zero_layer_events`), never
+in `PlanEvents`, which may forget a finished event past its cap.
 
 Priorities: every copy between host rows, hot slots and rings runs on one high-priority side
 stream, in submission order (a warmup lands before the immediate fetch that may evict into its
-slots: they must not reorder). Zeroing released rows (one memset per layer, then one event) runs on
-a second, low-priority stream, after the copies submitted before it; the store's release waits for
-it on the host (`complete`). Rows and plans per tier are counted (`stats()`).
+slots: they must not reorder). Zeroing released rows runs on a second, low-priority stream, after
+the copies submitted before it: nothing reads a released row, so an immediate fetch does not queue
+behind 61 layers of memset. Rows and plans per tier are counted (`stats()`).
 
 Streams and events go through a runtime (stream_runtime.CudaStreams on a GPU); the CPU suite runs
 this class with a runtime whose streams complete work late and out of order and with the torch
 kernels (tests/unit/prefetch/test_stream_engine_gpu_fake.py).
 
 Memory: borrows the store's StoreMemory; owns two streams, one event per outstanding plan (at most
-MAX_EVENTS: `PlanEvents`), a one-row zero buffer, and per-tier row counters on the device (read
+MAX_EVENTS: `PlanEvents`), one per layer per zero plan not yet fenced (`zero_layer_events`; `drain`
+empties it), a one-row zero buffer, and per-tier row counters on the device (read
 only by `stats()`).
 """
 from __future__ import annotations
@@ -113,6 +118,7 @@ class StreamEngine(FetchEngine):
         self.stream = runtime.stream("high")        # every copy, in submission order
         self.zero_stream = runtime.stream("low")    # zeroing released rows: nothing reads them
         self.events = PlanEvents(self._join)
+        self.zero_layer_events: dict[int, list] = {}   # zero plan id -> event after each layer's memset
         self.zero_row = torch.zeros((1, mem.slots.shape[1]), dtype=torch.uint8, device=self.device)
         self.rows = {t: torch.zeros((), dtype=torch.int64, device=self.device) for t in TIERS}
         self.zero_rows = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -152,7 +158,9 @@ class StreamEngine(FetchEngine):
         return t
 
     def _submit_zero(self, t: Ticket, plan: CopyPlan, stream) -> Ticket:
-        """A zero plan: one memset per layer on the zero stream, then one event."""
+        """A zero plan, one memset per layer on the zero stream, an event after each: a host write to
+        layer l waits for layer l's memset only (`wait_layer`), not for every layer's. Its events stay
+        out of `PlanEvents` (which may forget finished events): `complete` always finds them."""
         rt, mem = self.rt, self.mem
         idx = {}
 
@@ -169,10 +177,20 @@ class StreamEngine(FetchEngine):
 
         for x in rt.launch(stream, indices) or ():
             rt.keep_alive(x, stream)
+        events = []
         for layer in range(mem.host.shape[0]):
             rt.launch(stream, layer_work(layer))
-        self.events.add(plan.plan_id, rt.record(stream))
+            events.append(rt.record(stream))
+        self.zero_layer_events[plan.plan_id] = events
         return t
+
+    def wait_layer(self, ticket: Ticket, layer: int) -> bool:
+        events = self.zero_layer_events.get(ticket.plan_id)
+        if events is None:                    # not a zero plan, or already ordered as a whole
+            self.wait(ticket)
+            return True
+        self.rt.wait_event(self.rt.current(), events[layer])
+        return False
 
     def _run(self, plan: CopyPlan, src: torch.Tensor, dst: torch.Tensor) -> None:
         """One launch per plan (the row count added in the kernel, flashtrans.py)."""
@@ -204,28 +222,37 @@ class StreamEngine(FetchEngine):
         return self.rt.record(self._order_all())
 
     def wait(self, ticket: Ticket) -> None:
-        ev = self.events.pop(ticket.plan_id)
+        zero = self.zero_layer_events.pop(ticket.plan_id, None)
+        ev = zero[-1] if zero is not None else self.events.pop(ticket.plan_id)
         if ev is not None:
             self.rt.wait_event(self.rt.current(), ev)
 
     def complete(self, ticket: Ticket) -> None:
-        """The host waits for the plan's event (a host sync: used for the zeroing of released rows only,
-        which must be done before SGLang's allocator can hand the locations to an RDMA transfer)."""
+        """The host waits for a zero plan's last event (a host sync: the zeroing of released rows where a
+        writer outside every stream may reuse them, a PD decode node). Any other plan: its event, or
+        none when `PlanEvents` forgot it - only finished events are forgotten (past its cap), and a
+        join's event is after the rest. Never raises: it runs on SGLang's allocator free."""
+        zero = self.zero_layer_events.pop(ticket.plan_id, None)
+        if zero is not None:
+            self.rt.synchronize(zero[-1])
+            return
         ev = self.events.pop(ticket.plan_id)
         if ev is None and ticket.plan_id <= self.events.joined_upto:
             ev = self.events.join_event           # forgotten by a join: the join's event is after it
-        if ev is None:
-            raise RuntimeError(f"StreamEngine.complete: plan {ticket.plan_id} was already waited on "
-                               "(only ordered, maybe not done): complete() must come first")
-        self.rt.synchronize(ev)
+        if ev is not None:
+            self.rt.synchronize(ev)
 
     def done(self, ticket: Ticket) -> bool:
+        zero = self.zero_layer_events.get(ticket.plan_id)
+        if zero is not None:
+            return bool(zero[-1].query())
         return self.events.done(ticket.plan_id)
 
     def drain(self) -> None:
         """Order everything submitted so far before the current stream's next work (no host sync)."""
         self._order_all()
         self.events.clear()
+        self.zero_layer_events.clear()
 
     def stats(self) -> dict:
         s = super().stats()

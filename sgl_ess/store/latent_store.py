@@ -135,6 +135,11 @@ class LatentStore:
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
         self._redirect = None                          # the Triton plan epilogue's scratch (first use)
         self._iota = None                              # 0..b-1 for write_slots(padded=True) (first use)
+        # zeroing that must land before host writes: each zero plan and the layers already fenced
+        self._host_fence: list[tuple[Ticket, set[int]]] = []
+        # a writer outside every stream may reuse released host locations (a PD decode node: Mooncake /
+        # NIXL write host rows by RDMA): then the release waits for its zeroing on the host (clear_host)
+        self.external_host_writer = False
 
     def _make_engine(self, name: str) -> FetchEngine:
         on_cuda = self.device.type == "cuda"
@@ -188,8 +193,8 @@ class LatentStore:
     def close(self, req: int) -> None:
         """Request finished, aborted or retracted: zero and free its hot buffer, and drop every
         speculative staging (they may hold its rows). Ring rows are zeroed by each commit ("move").
-        A row that is not open is reset as well (defence in depth: nothing a forward left in it
-        reaches the row's next request)."""
+        A row that is not open gets its slot map emptied (defence in depth: nothing a forward left in
+        it is reachable by the row's next request)."""
         self._check_req(req)
         g = self._group_host[req]
         if g >= 0 and self.hot.is_open[g]:
@@ -203,8 +208,11 @@ class LatentStore:
         elif g >= 0:
             # a row that was never opened (or closed already): a device decode does not check that
             # its row is open, so forwards that bypassed open() may have filled this hot buffer's
-            # slot map; reset it, so the next request on the row cannot read these rows
-            self._reset(g)
+            # slot map; empty it, so the next request on the row cannot read these rows. The map only
+            # (L x N entries), not the bytes (a PD decode node closes every row it allocates): a hot
+            # slot is read only through its map entry (a hit), an empty slot is written by a miss's
+            # move before any read, and open() zeroes the bytes as well
+            self.hot.reset(g)
         if self._indirect and g >= 0:
             self._group_host[req] = -1
             self.group_of[req:req + 1].fill_(-1)
@@ -254,30 +262,48 @@ class LatentStore:
         self.counters.add_d2h(layer, locs.numel())
 
     def clear_host(self, locs: torch.Tensor) -> None:
-        """Zero host rows that were released (they hold user data), in every layer; done when this
-        returns. The zero plan is ordered after every copy and write submitted before it (a device
-        stream: after the compute stream's work so far, so an in-flight forward's write of these
-        rows lands first), and the host waits for it (issue 32, defect 3).
+        """Zero host rows that were released (they hold user data), in every layer: a zero plan,
+        ordered after every copy and write submitted before it (a device stream: after the compute
+        stream's work so far, so an in-flight forward's write of these rows lands first).
 
-        Why wait here rather than fence later writes: SGLang frees the locations after this returns
-        (the release hook runs before its allocator's free) and may hand them to a new request at
-        once, whose rows may be written by a writer that never passes through the store - a PD decode
-        node's KV arriving by Mooncake / NIXL (RDMA into the host pool, outside any CUDA stream) or
-        SGLang writing rows itself. A zeroing still queued then lands after that write and wipes it.
-        Completing it before the allocator can reuse a location is correct for every writer; the cost
-        is one host wait per release (for the compute stream's queued work and the memset)."""
+        Colocated (every writer of host rows is the store's or a forward's, fenced by `fence_host`):
+        no host wait; a later write to layer l is ordered after layer l's memset on the device.
+        With `external_host_writer` (a PD decode node, issue 32 defect 3): SGLang frees the locations
+        after this returns and may hand them to a transfer that writes host rows by RDMA, outside
+        every stream and every fence, so the host waits for the zeroing here (`complete`)."""
         locs = locs.reshape(-1).to("cpu", torch.int64)
         if locs.numel() == 0:
             return
         if int(locs.min()) < 0 or int(locs.max()) >= self.cfg.host_capacity_tokens:
             raise IndexError(f"clear_host: location out of range [0, {self.cfg.host_capacity_tokens})")
-        self.engine.complete(self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
-                                                         tier="background", note="zero released rows")))
+        ticket = self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
+                                             tier="background", note="zero released rows"))
+        if self.external_host_writer:
+            self.engine.complete(ticket)
+        else:
+            self._host_fence.append((ticket, set()))
 
     def fence_host(self, layer: int | None = None) -> None:
-        """Before anything writes host rows (of `layer`; None: of any layer): order the write after the
-        zeroing of released rows. Nothing to wait for: `clear_host` completes the zeroing before it
-        returns (a writer outside the store could not be fenced). Kept as the writers' seam."""
+        """Before anything writes host rows (of `layer`; None: of any layer): order the write after
+        the pending zeroing of released rows (SGLang may hand a released location to a new request
+        right away). With a layer, a device stream waits for that layer's memset only."""
+        if layer is None:
+            while self._host_fence:
+                self.engine.wait(self._host_fence.pop(0)[0])
+            return
+        keep = []
+        for ticket, fenced in self._host_fence:
+            if layer in fenced:
+                keep.append((ticket, fenced))
+                continue
+            fenced.add(layer)
+            if self.engine.wait_layer(ticket, layer):
+                continue                               # the whole plan is ordered now
+            if len(fenced) == self.cfg.num_layers:
+                self.engine.wait(ticket)               # every layer fenced: forget the plan
+                continue
+            keep.append((ticket, fenced))
+        self._host_fence = keep
 
     def graph_boundary(self) -> None:
         """A CUDA graph's edge (decode graphs, --ess-cuda-graph): everything submitted so far is ordered
@@ -291,6 +317,7 @@ class LatentStore:
         self.engine.drain()
         self._group_fence.clear()
         self._layer_fence.clear()
+        self._host_fence.clear()
 
     # --- decode path -------------------------------------------------------------------
     def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,

@@ -2,9 +2,10 @@
 for ones that complete work late and out of order (tests/stream_doubles.py) and its kernels for the
 torch references. Issue 16: zeroing released rows (every layer) used to share the one side stream
 with the immediate fetches, so a fetch queued behind 61 layers of memset; it now runs on its own
-low-priority stream; since issue 32 the release waits for it on the host (a write from outside the
-store - a PD transfer - could not be fenced: tests/unit/store/test_release_external_write.py). The
-decode loop itself through this engine: tests/unit/store/test_overlap_levels.py (gpu_fake)."""
+low-priority stream, and what orders host writes after it is the zero plans' fence (issue 32: the host
+waits for it only where a writer outside every stream may reuse the rows, a PD decode node:
+tests/unit/store/test_release_external_write.py). The decode loop itself through this engine:
+tests/unit/store/test_overlap_levels.py (gpu_fake)."""
 import torch
 
 from sgl_ess.prefetch.plan import CopyPlan
@@ -34,24 +35,24 @@ def _fill(store, table, ids):
             store.write_host(layer, table.host_locs(rid), _rows(table.host_locs(rid), layer))
 
 
-def test_gpu_fake_a_release_is_zeroed_when_it_returns_and_fetches_still_land():
-    """Issue 32: the zeroing of released rows is done when clear_host returns (the host waits for the
-    zero stream: SGLang's allocator may hand the locations to a writer outside every stream); the
-    other request's fetches land their rows as before."""
+def test_gpu_fake_an_immediate_fetch_does_not_wait_for_zeroing():
     store, table, streams = _store()
     try:
         _fill(store, table, ["a", "b"])
         a_locs = table.host_locs("a").clone()
         store.close(table.index("a"))
-        store.clear_host(a_locs)
-        assert streams.pending(store.engine.zero_stream) == 0
-        assert int(store.host.rows[:, a_locs].count_nonzero()) == 0
+        store.clear_host(a_locs)                           # 2 layers of zeroing, queued
         reqs, lens = table.indices(["b"]), table.seq_lens(["b"])
         topk = torch.randperm(CTX, generator=torch.Generator().manual_seed(1))[:K].reshape(1, K).to(torch.int32)
         step = store.plan(0, reqs, lens, topk, table.req_to_host)
-        store.land(step)
+        store.land(step)                                   # the compute stream waits for this fetch only
+        assert streams.pending(store.engine.zero_stream) == LAYERS + 1, "the zeroing ran before the fetch could"
+        assert int(store.host.rows[:, a_locs].count_nonzero()) > 0
         got = store.slot_rows[step.read_slots.reshape(-1).long()]
         assert torch.equal(got, _rows(table.req_to_host[reqs[0], topk[0].long()], 0))
+        store.fence_host()                                 # before anything writes host rows again
+        assert streams.pending(store.engine.zero_stream) == 0
+        assert int(store.host.rows[:, a_locs].count_nonzero()) == 0
     finally:
         store.shutdown()
 
@@ -64,8 +65,8 @@ def test_gpu_fake_a_reused_location_is_written_after_its_zeroing():
         _fill(store, table, ["a"])
         a_locs = table.host_locs("a").clone()
         store.close(table.index("a"))
-        store.clear_host(a_locs)                           # SGLang's release: the zeroing done on return
-        assert streams.pending(store.engine.zero_stream) == 0
+        store.clear_host(a_locs)                           # SGLang's release: a zero plan, no host sync
+        assert streams.pending(store.engine.zero_stream) == LAYERS + 1
         for layer in range(LAYERS):                        # the next request's prefill, same locations
             store.write_host(layer, a_locs, _rows(a_locs, layer + 7))
         streams.finish()                                   # whatever was still queued runs now
@@ -100,6 +101,30 @@ def test_gpu_fake_drain_orders_both_streams_and_a_release_leaves_nothing():
             assert torch.equal(store.host.rows[layer, b_locs], _rows(b_locs, layer))
         s = store.engine.stats()["tiers"]
         assert s["background"]["rows"] >= a_locs.numel() and s["immediate"]["rows"] > 0
+    finally:
+        store.shutdown()
+
+
+def test_gpu_fake_a_layers_write_waits_for_that_layers_zeroing_only():
+    """Issue 16: one zero plan covered every layer, so the first layer's host write after a release
+    waited for the whole memset (61 layers). The zero plan now records an event after each layer's
+    memset and a write to layer l fences layer l only; every layer's new rows still survive."""
+    store, table, streams = _store(seed=7)
+    try:
+        _fill(store, table, ["a"])
+        a_locs = table.host_locs("a").clone()
+        store.close(table.index("a"))
+        store.clear_host(a_locs)
+        zs = store.engine.zero_stream
+        assert streams.pending(zs) == LAYERS + 1               # the index copy, then one memset per layer
+        store.write_host(0, a_locs, _rows(a_locs, 9))          # the next request's layer-0 rows
+        assert streams.pending(zs) == LAYERS - 1, "a layer-0 write waited for other layers' zeroing"
+        assert int(store.host.rows[1, a_locs].count_nonzero()) > 0     # layer 1's memset still queued
+        store.write_host(1, a_locs, _rows(a_locs, 10))
+        assert streams.pending(zs) == 0 and not store._host_fence
+        streams.finish()
+        assert torch.equal(store.host.rows[0, a_locs], _rows(a_locs, 9))
+        assert torch.equal(store.host.rows[1, a_locs], _rows(a_locs, 10))
     finally:
         store.shutdown()
 

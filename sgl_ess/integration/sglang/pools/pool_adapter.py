@@ -142,6 +142,11 @@ class EssPoolAdapter:
         if cfg.tp_split_fetch:
             self._split_fetch()
         self.host_writer = host.writer
+        # PD decode node: Mooncake / NIXL write a new request's KV into host rows directly (outside every
+        # stream and every fence of ours), so a release waits for its zeroing on the host; colocated, the
+        # forwards' writes are ordered after it on the device (LatentStore.clear_host / fence_host)
+        mode = getattr(getattr(model_runner, "server_args", None), "disaggregation_mode", "null")
+        self.store.external_host_writer = str(getattr(mode, "value", mode)) == "decode"
         self.runner_id = id(model_runner)
         self.req_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
@@ -486,7 +491,7 @@ class EssPoolAdapter:
 
     def fence_host(self, layer: int | None = None) -> None:
         """Before SGLang writes latent rows (of `layer`; None: any): order the write after the
-        zeroing of released rows (layer by layer on a device stream)."""
+        zeroing of released rows (layer by layer on a device stream; already done on a PD decode node)."""
         with self._lock:
             self.store.fence_host(layer)
 

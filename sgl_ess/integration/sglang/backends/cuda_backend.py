@@ -143,6 +143,8 @@ def backend_class():
         def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
                            topk_indices=None, **kwargs):
             if self.ess is None or topk_indices is None:
+                if self.ess is not None:       # SGLang writes the rows itself: after their zeroing (fence_host)
+                    self.ess.fence_host(layer.layer_id)
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
             refuse_unimplemented(kwargs, "dsa (ESS on)")   # e.g. attn_sink: the store's paths would drop it
@@ -172,6 +174,8 @@ def backend_class():
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
                            topk_indices=None, **kwargs):
             if self.ess is None or topk_indices is None:
+                if self.ess is not None:       # SGLang writes the rows itself: after their zeroing (fence_host)
+                    self.ess.fence_host(layer.layer_id)
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
             refuse_unimplemented(kwargs, "dsa (ESS on)")

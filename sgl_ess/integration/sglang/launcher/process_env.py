@@ -33,6 +33,8 @@ import struct
 import tempfile
 import uuid
 
+from ..observe.scheduler_watchdog import ENV_RUN_ID   # the reader owns the name
+
 logger = logging.getLogger("sgl_ess")
 _dist_file: str | None = None
 _SIOCGIFADDR = 0x8915
@@ -77,7 +79,6 @@ def gloo_interface(dist_init_addr: str) -> str | None:
 
 
 ENV_PD_ROLE = "SGLESS_PD_ROLE"
-ENV_RUN_ID = "SGLESS_RUN_ID"
 
 
 def apply(host: str, has_cuda: bool, nnodes: int, dist_init_addr: str | None, pd_role: str | None = None) -> None:

@@ -35,9 +35,9 @@ from http import HTTPStatus
 from typing import Optional
 
 from sgl_ess.serving.ops_config import ops_from_env
-from sgl_ess.integration.sglang.launcher.process_env import ENV_RUN_ID
 from sgl_ess.serving.step_watch import WATCHDOG_FLAG, StepWatch
 
+ENV_RUN_ID = "SGLESS_RUN_ID"      # the run id the launcher exports (launcher/process_env.apply)
 logger = logging.getLogger("sgl_ess.watchdog")
 _watch: Optional[StepWatch] = None
 _thread: Optional[threading.Thread] = None

@@ -14,7 +14,6 @@
 
 import json
 import os
-import re
 import signal
 import socket
 import threading
@@ -24,6 +23,8 @@ import urllib.request
 
 import psutil
 import pytest
+
+from tests.raw_http import read_responses
 
 from ._server import Server, group_alive
 
@@ -74,22 +75,7 @@ def _request(method: str, path: str, key: str | None, body: dict | None = None) 
 
 
 def _responses(s: socket.socket, n: int) -> list[tuple[int, bytes]]:
-    """(status, body) of `n` content-length framed responses read from `s`."""
-    s.settimeout(WAIT_S)
-    buf, out = b"", []
-    while len(out) < n:
-        m = re.search(rb"\r\n\r\n", buf)
-        if m:
-            head = buf[:m.start()]
-            length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
-            if len(buf) >= m.end() + length:
-                out.append((int(head.split()[1]), buf[m.end():m.end() + length]))
-                buf = buf[m.end() + length:]
-                continue
-        d = s.recv(65536)
-        assert d, f"connection closed after {len(out)} of {n} responses"
-        buf += d
-    return out
+    return read_responses(s, n, WAIT_S)
 
 
 def _read_until_closed(s: socket.socket) -> bytes:

@@ -2,7 +2,6 @@
 pipelined requests all answered, a partial request head closed after the header timeout, one
 connection over the per-client bound refused with 503 and the bound freed when connections close."""
 
-import re
 import socket
 import threading
 import time
@@ -12,6 +11,7 @@ import pytest
 uvicorn = pytest.importorskip("uvicorn")
 
 from sgl_ess.integration.sglang.routes import connection_limits  # noqa: E402
+from tests.raw_http import read_responses  # noqa: E402
 
 HEADER_TIMEOUT_S = 1.0
 PER_CLIENT = 3
@@ -65,22 +65,8 @@ def _read_all(s: socket.socket) -> bytes:
 
 
 def _responses(s: socket.socket, n: int) -> list[bytes]:
-    """The bodies of `n` complete responses read from `s` (content-length framed)."""
-    s.settimeout(WAIT_S)
-    buf, out = b"", []
-    while len(out) < n:
-        m = re.search(rb"\r\n\r\n", buf)
-        if m:
-            head = buf[:m.start()]
-            length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))
-            if len(buf) >= m.end() + length:
-                out.append(buf[m.end():m.end() + length])
-                buf = buf[m.end() + length:]
-                continue
-        d = s.recv(65536)
-        assert d, f"connection closed after {len(out)} of {n} responses"
-        buf += d
-    return out
+    """The bodies of `n` complete responses read from `s`."""
+    return [body for _, body in read_responses(s, n, WAIT_S)]
 
 
 def _get(port: int, path: str = "/x") -> bytes:

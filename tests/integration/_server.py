@@ -29,7 +29,7 @@ _DERIVED = [1, 2, 3, 4, 5, 6, 7, 8] + [233 + i for i in range(16)]
 
 # Every process a test server starts (and its children: the prefetch worker) carries this variable, so
 # a leak check can tell its own processes from those of another run on the same machine.
-RUN_MARK = f"SGL_ESS_TEST_RUN_{os.getpid()}"
+RUN_MARK = f"SGLESS_TEST_RUN_{os.getpid()}"
 
 
 def run_pids() -> set[int]:

@@ -73,8 +73,8 @@ def plain_env() -> dict:
     for its own servers (process_env.py): SGLang's CPU engine, no crash-dump waits."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLESS_") and k != "SGLANG_PLUGINS"}
     env.update(SGLANG_USE_CPU_ENGINE="1", SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0", SGLANG_PYSPY_DUMP_BEFORE_CRASH="0")
-    # not _server.RUN_MARK: SGLang warns about any SGL_* variable ("SGL_ESS_TEST_RUN_... is deprecated"), a
-    # line naming sgl-ess that this test would have to except; the fixture checks its own process group
+    # nothing of sgl-ess in it, _server.RUN_MARK (SGLESS_TEST_RUN_<pid>) included: the fixture checks its own
+    # process group
     assert ENV_CONFIG_JSON not in env
     return env
 

@@ -16,10 +16,11 @@ from typing import Any
 
 OVERLAP_STRATEGIES = ("none", "da", "dba", "full")
 TRANSFER_METHODS = ("flashtrans", "memcpy")
-KNOWN_MODELS = ("deepseek_v32_exp", "tiny_dsv32", "deepseek_v3", "glm_5", "glm_5_2")
+KNOWN_MODELS = ("deepseek_v32_exp", "tiny_dsv32", "deepseek_v3", "glm_5", "glm_5_2", "hyv4", "longcat_flash_dsa")
 MODEL_ALIASES = {"v3.2": "deepseek_v32_exp", "deepseek-v3.2": "deepseek_v32_exp", "deepseek-v3.2-exp": "deepseek_v32_exp",
                  "deepseek-v3": "deepseek_v3", "v3": "deepseek_v3", "glm-5": "glm_5", "glm-5.1": "glm_5",
-                 "glm5": "glm_5", "glm-5.2": "glm_5_2", "glm5.2": "glm_5_2"}
+                 "glm5": "glm_5", "glm-5.2": "glm_5_2", "glm5.2": "glm_5_2", "hunyuan-v4": "hyv4",
+                 "hy-v4": "hyv4", "longcat": "longcat_flash_dsa", "longcat-flash": "longcat_flash_dsa"}
 
 
 def model_name(name: str) -> str:
@@ -85,6 +86,10 @@ class ModelSpec:
     indexer_bytes_per_token_layer: int
     index_anchor_layers: int = -1     # decoder layers that compute their own top-k (-1: all); 0 = dense MLA
     index_key_layers: int = -1        # layers that keep indexer keys in the cache (-1: cached_layers)
+    attention_sublayers: int = 1      # attention layers per decoder layer (LongCat-Flash: 2, each with its rows)
+    attention_sinks: bool = False     # a learnable per-head sink logit in every softmax (Hunyuan V4)
+    dense_mlps_per_layer: int = 0     # dense MLPs beside the MoE in every MoE layer (LongCat-Flash: 2)
+    mtp_dense_ffn: bool = False       # the MTP layer's FFN is a dense MLP, not an MoE (LongCat-Flash's NextN)
 
     @classmethod
     def load(cls, name: str = "deepseek_v32_exp") -> "ModelSpec":
@@ -130,8 +135,16 @@ class ModelSpec:
 
     @property
     def cached_layers(self) -> int:
-        """Layers that keep a latent + indexer cache: the decoder layers plus the MTP layer(s)."""
-        return self.num_layers + self.num_mtp_layers
+        """Layers that keep a latent + indexer cache: the attention layers of the decoder (num_hidden_layers x
+        attention_sublayers, SGLang's ModelConfig.num_attention_layers) plus the MTP layer(s)."""
+        return self.num_layers * self.attention_sublayers + self.num_mtp_layers
+
+    def cached_of(self, layer: int) -> range:
+        """Cached-layer indices of decoder layer `layer` (num_layers and above: the MTP layers, one each)."""
+        if layer >= self.num_layers:
+            first = self.num_layers * self.attention_sublayers + layer - self.num_layers
+            return range(first, first + 1)
+        return range(layer * self.attention_sublayers, (layer + 1) * self.attention_sublayers)
 
     def shape_signature(self) -> dict[str, int]:
         """The dimensions an op profile's tables depend on (a profile measured at other shapes is refused)."""
@@ -155,7 +168,9 @@ def _load_model(name: str) -> ModelSpec:
         dense_intermediate=d["intermediate_size"], vocab=d["vocab_size"],
         latent_bytes_per_token_layer=d["latent_bytes_per_token_layer"],
         indexer_bytes_per_token_layer=d["indexer_bytes_per_token_layer"],
-        index_anchor_layers=d.get("index_anchor_layers", -1), index_key_layers=d.get("index_key_layers", -1))
+        index_anchor_layers=d.get("index_anchor_layers", -1), index_key_layers=d.get("index_key_layers", -1),
+        attention_sublayers=d.get("attention_sublayers", 1), attention_sinks=d.get("attention_sinks", False),
+        dense_mlps_per_layer=d.get("dense_mlps_per_layer", 0), mtp_dense_ffn=d.get("mtp_dense_ffn", False))
 
 
 @dataclass(frozen=True)

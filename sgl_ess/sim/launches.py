@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .config import ModelSpec, SimConfig
 from .constants import const
-from .ops import attention_ops, embed_op, ffn_ops, head_ops, mtp_input_ops
+from .ops import embed_op, head_ops, layer_ops, mtp_input_ops
 
 
 def launch_us(cuda_graph: bool) -> float:
@@ -30,9 +30,9 @@ def _kernels(ops) -> int:
 
 
 def layer_kernels(m: ModelSpec, requests: int, q: int, context: int, dense: bool, ep: int, anchor: bool = True,
-                  extra=()) -> int:
+                  extra=(), mtp: bool = False) -> int:
     """Kernels one layer launches for one micro-batch (ESS kernels not included)."""
-    return _kernels(list(extra) + attention_ops(m, requests, q, context, anchor) + ffn_ops(m, requests * q, dense, ep))
+    return _kernels(list(extra) + layer_ops(m, requests, q, context, dense, ep, anchor, mtp))
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def launches_per_step(cfg: SimConfig, m: ModelSpec | None = None) -> LaunchCount
               for i in range(m.num_dense_layers, m.num_layers) for mb in mbs)
     mtp = 0
     if q > 1:
-        mtp = (layer_kernels(m, b, q, ctx, False, d.ep, True, mtp_input_ops(m, b * q)) + _kernels(head_ops(m, b))
-               + (q - 2) * (layer_kernels(m, b, 1, ctx, False, d.ep, True, mtp_input_ops(m, b))
+        mtp = (layer_kernels(m, b, q, ctx, False, d.ep, True, mtp_input_ops(m, b * q), True) + _kernels(head_ops(m, b))
+               + (q - 2) * (layer_kernels(m, b, 1, ctx, False, d.ep, True, mtp_input_ops(m, b), True)
                             + _kernels(head_ops(m, b))))
     return LaunchCount(_kernels([embed_op(m, b * q)]), dense, moe, _kernels(head_ops(m, b * q)), mtp, len(mbs))

@@ -48,9 +48,12 @@ class WeightBytes:
 
 
 def weight_bytes_per_gpu(m: ModelSpec, deploy: DeploymentConfig) -> WeightBytes:
-    moe_layers = m.num_layers - m.num_dense_layers + m.num_mtp_layers
+    mtp_moe = 0 if m.mtp_dense_ffn else m.num_mtp_layers
+    moe_layers = m.num_layers - m.num_dense_layers + mtp_moe
+    dense_mlps = (m.num_dense_layers + (m.num_mtp_layers - mtp_moe)
+                  + (m.num_layers - m.num_dense_layers) * m.dense_mlps_per_layer)
     replicated = (m.cached_layers * attention_params_per_layer(m) * FP8_BYTES
-                  + m.num_dense_layers * 3 * m.hidden * m.dense_intermediate * FP8_BYTES
+                  + dense_mlps * 3 * m.hidden * m.dense_intermediate * FP8_BYTES
                   + moe_layers * m.shared_experts * expert_params(m) * FP8_BYTES
                   + moe_layers * m.hidden * m.routed_experts * BF16_BYTES          # router
                   + m.num_mtp_layers * 2 * m.hidden * m.hidden * FP8_BYTES          # MTP eh_proj

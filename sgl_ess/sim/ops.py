@@ -96,8 +96,13 @@ def attention_ops(m: ModelSpec, requests: int, q: int, context: int, indexer: bo
                     flops=2.0 * t * m.heads * (latent + m.kv_lora_rank) * k_sel,
                     hbm_bytes=t * k_sel * m.latent_bytes_per_token_layer
                     + t * m.heads * (latent + m.kv_lora_rank) * BF16, kernels=2)
+    if m.attention_sinks:     # Hunyuan V4: rescale the output by the sink's share of each head's softmax
+        sparse = [sparse, elementwise("attention.sinks", "attention", t,
+                                      m.heads * (m.kv_lora_rank * BF16 * 2 + FP32 * 2))]
+    else:
+        sparse = [sparse]
     if not indexer:
-        return head + pre + [sparse] + post
+        return head + pre + sparse + post
     return head + [
         # the indexer reads q_a (after its norm) and the hidden state
         gemm("indexer.wq_b", "indexer", t, ih * idim, m.q_lora_rank),
@@ -110,7 +115,19 @@ def attention_ops(m: ModelSpec, requests: int, q: int, context: int, indexer: bo
                hbm_bytes=requests * context * m.indexer_bytes_per_token_layer + t * context * FP32, kernels=2),
         OpCost("indexer.topk", "indexer", "topk", t * context, "token_keys",
                hbm_bytes=t * context * FP32 + t * k_sel * FP32, m=t),       # m: rows (query tokens)
-    ] + pre + [sparse] + post
+    ] + pre + sparse + post
+
+
+def layer_ops(m: ModelSpec, requests: int, q: int, context: int, dense: bool, ep: int, anchor: bool = True,
+              mtp: bool = False) -> list[OpCost]:
+    """One decoder layer of one micro-batch: its attention sub-layers (LongCat-Flash: 2), then its FFN
+    (an MoE, plus LongCat-Flash's dense MLPs beside it; the MTP layer's FFN is dense where the model says)."""
+    ops = attention_ops(m, requests, q, context, anchor) * (1 if mtp else m.attention_sublayers)
+    ffn_dense = dense or (mtp and m.mtp_dense_ffn)
+    ops += ffn_ops(m, requests * q, ffn_dense, ep)
+    if not ffn_dense:
+        ops += ffn_ops(m, requests * q, True, ep) * m.dense_mlps_per_layer
+    return ops
 
 
 def moe_pairs(m: ModelSpec, tokens: float) -> float:

@@ -11,7 +11,10 @@ Every kernel launch adds the published launch gap (launches.py: CUDA graph node 
 every compute op's time from the published kernel figures is multiplied by kernel_time_scale (the one
 step-time constant fitted, on DeepSeek's measured decode deployment, fit.py). Shared-index layers
 (GLM-5.2) run no indexer, and their miss fetch is sent when the layer starts (the anchor's top-k is
-already known: lead time). Throughput per node = gpus_per_node x batch x accepted tokens per step / step.
+already known: lead time). Hunyuan V4 (also shared-index) adds its sink rescale to attention; LongCat-Flash
+runs two attention sub-layers per decoder layer (each its own rows, indexer and write-back; the layer's
+misses of both travel as one fetch), two dense MLPs beside its MoE, and a dense MLP in its NextN layer.
+Throughput per node = gpus_per_node x batch x accepted tokens per step / step.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from .constants import const
 from .hardware import get_hardware
 from .hitrate import misses_per_layer
 from .memory import MemoryReport, check_fits, memory_report
-from .ops import attention_ops, embed_op, ffn_ops, head_ops, mtp_input_ops, resolve_op
+from .ops import embed_op, head_ops, layer_ops, mtp_input_ops, resolve_op
 from .overlap import LayerPhaseTimes, overlap, writeback_exposed
 from .profile import OpProfile, OpTimer
 from .tbo import STAGES, Fetch, LayerStages, serial, stage_of, tbo
@@ -120,13 +123,15 @@ class _Stepper:
         return t
 
     def layer_stages(self, b: int, q: int, dense: bool, misses: float, extra_ops=None,
-                     anchor: bool = True) -> LayerStages:
-        """One layer of one micro-batch of `b` requests: its TBO stages; books phases and launches."""
+                     anchor: bool = True, mtp: bool = False) -> LayerStages:
+        """One layer of one micro-batch of `b` requests: its TBO stages; books phases and launches.
+        `misses`: per request, summed over the layer's attention sub-layers (one fetch carries them all)."""
         d, w, e, m = self.cfg.deploy, self.cfg.work, self.cfg.ess, self.m
-        ops = ((list(extra_ops(b)) if extra_ops else []) + attention_ops(m, b, q, w.context_tokens, anchor)
-               + ffn_ops(m, b * q, dense, d.ep))
+        sub = 1 if mtp else m.attention_sublayers
+        ops = ((list(extra_ops(b)) if extra_ops else [])
+               + layer_ops(m, b, q, w.context_tokens, dense, d.ep, anchor, mtp))
         if e.offload:
-            ops.append(resolve_op(m, b * q))
+            ops += [resolve_op(m, b * q)] * sub
         stages = [0.0] * STAGES
         phase = dict.fromkeys(COMPUTE_PHASES, 0.0)
         launches = dict.fromkeys(COMPUTE_PHASES, 0)
@@ -143,15 +148,15 @@ class _Stepper:
         fetch_job = None
         if e.offload:
             fetch = transfer_us(b * misses, m.latent_bytes_per_token_layer, self.h2d)
-            wb = transfer_us(b * q, m.latent_bytes_per_token_layer, self.d2h)
+            wb = transfer_us(b * q * sub, m.latent_bytes_per_token_layer, self.d2h)
             on_path = {k: phase[k] + launches[k] * self.kernel_us for k in COMPUTE_PHASES}
-            union = min(m.topk_tokens * q, w.context_tokens)
+            union = min(m.topk_tokens * q, w.context_tokens) * sub
             t = LayerPhaseTimes(on_path["indexer"], on_path["pre_attn"], on_path["attention"], on_path["post_attn"],
                                 fetch, wb, min(1.0, misses / union), on_path["attn_in"])
             res = overlap(e.overlap, t, self.kernel_us)     # picks DA or DBA for "full", and the extra launches
             self.fetch_total_us += fetch + wb
             self.strategies[res.strategy] = self.strategies.get(res.strategy, 0) + 1
-            ess_launch = ESS_LAUNCHES + res.extra_kernels
+            ess_launch = (ESS_LAUNCHES + res.extra_kernels) * sub
             n_launch += ess_launch
             stages[1] += ess_launch * self.kernel_us
             indexer_end = stages[0] - on_path["pre_attn"]          # T0 = previous output, attn_in, indexer, pre_attn
@@ -223,7 +228,8 @@ def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = Tru
     if e.offload and m.dense_attention:
         raise SimConfigError(f"ratio = {e.ratio}: model {m.name!r} has dense MLA (no indexer top-k), which reads "
                              f"every cached row each step, so ESS cannot offload it; expected --ratio 1.0 or a "
-                             f"sparse-attention model (--model deepseek_v32_exp, glm_5, glm_5_2)")
+                             f"sparse-attention model (--model deepseek_v32_exp, glm_5, glm_5_2, hyv4, "
+                             f"longcat_flash_dsa)")
     from .fit import kernel_overhead_for, kernel_scale_for
     if kernel_overhead_us is None:
         kernel_overhead_us = kernel_overhead_for(prof, d.cuda_graph)
@@ -236,15 +242,19 @@ def simulate(cfg: SimConfig, profile: OpProfile | None = None, check: bool = Tru
     nd = m.num_dense_layers
     step = st.ops_us([embed_op(m, w.batch * w.mtp)], "head")
     # SGLang runs the dense layers before TBO starts, on the whole batch; TBO covers the MoE layers
-    step += st.layers_us(whole, w.mtp, [(True, float(misses[i]), m.is_anchor(i)) for i in range(nd)])
-    step += st.layers_us(mbs, w.mtp, [(False, float(misses[i]), m.is_anchor(i)) for i in range(nd, m.num_layers)])
+    def layer_misses(i: int) -> float:
+        return float(sum(misses[j] for j in m.cached_of(i)))
+    step += st.layers_us(whole, w.mtp, [(True, layer_misses(i), m.is_anchor(i)) for i in range(nd)])
+    step += st.layers_us(mbs, w.mtp, [(False, layer_misses(i), m.is_anchor(i)) for i in range(nd, m.num_layers)])
     step += st.ops_us(head_ops(m, w.batch * w.mtp), "head")
     if w.mtp > 1:   # draft extend over the mtp tokens, then mtp - 2 one-token draft passes (no TBO in NextN)
-        mtp_misses = float(misses[m.num_layers])
-        step += st.layers_us(whole, w.mtp, [(False, mtp_misses)], "mtp_draft", lambda b: mtp_input_ops(m, b * w.mtp))
+        mtp_misses = layer_misses(m.num_layers)
+        step += st.layers_us(whole, w.mtp, [(False, mtp_misses, True, True)], "mtp_draft",
+                             lambda b: mtp_input_ops(m, b * w.mtp))
         step += st.ops_us(head_ops(m, w.batch), "mtp_draft")
         for _ in range(w.mtp - 2):
-            step += st.layers_us(whole, 1, [(False, mtp_misses / w.mtp)], "mtp_draft", lambda b: mtp_input_ops(m, b))
+            step += st.layers_us(whole, 1, [(False, mtp_misses / w.mtp, True, True)], "mtp_draft",
+                                 lambda b: mtp_input_ops(m, b))
             step += st.ops_us(head_ops(m, w.batch), "mtp_draft")
     gap = const("step_cpu_gap_us")
     st.bd["cpu_gap"] += gap

@@ -13,6 +13,7 @@ from .constants import const
 from .fit import headline_rows, kernel_overhead_for, kernel_scale_for
 from .hardware import get_hardware
 from .host_pools import HostPoolReport, host_pool_report, report_lines, resolve_layout
+from .launch_flags import LaunchPlan, launch_plan
 from .planner import DEFAULT_RATIOS, PlanResult, plan, sizes
 from .profile import OpProfile
 from .sensitivity import sensitivity
@@ -121,6 +122,14 @@ def _host_pools(res: PlanResult, cfg, serving: ServingLayoutConfig) -> HostPoolR
     return host_pool_report(serving, cfg.deploy, b * c, f"batch {b} x context {c}")
 
 
+def _launch(res: PlanResult, cfg, pools: HostPoolReport | None) -> LaunchPlan | None:
+    """The launcher flags (and what --ess-explain prints for them) that serve the planned point."""
+    if res.best is None or pools is None:
+        return None
+    b = res.best.cfg
+    return launch_plan(pools, ModelSpec.load(cfg.deploy.model), b.work.batch, b.ess.ratio, b.work.context_tokens)
+
+
 def assumptions(cfg, prof: OpProfile) -> list[str]:
     hw = get_hardware(cfg.deploy.hardware)
     d, w = cfg.deploy, cfg.work
@@ -148,7 +157,9 @@ def _plan_json(res: PlanResult, cfg, prof, pools: HostPoolReport | None) -> dict
             "relief_gain_pct": {k: round(100 * v, 2) for k, v in res.relief_gain.items()},
             "by_overlap": {k: v.row() for k, v in res.by_overlap.items()},
             "by_ratio": [r.row() for r in res.by_ratio],
-            "host_pools": pools.as_dict() if pools else None, "assumptions": assumptions(cfg, prof)}
+            "host_pools": pools.as_dict() if pools else None,
+            "launch": (lambda lp: lp.as_dict() if lp else None)(_launch(res, cfg, pools)),
+            "assumptions": assumptions(cfg, prof)}
 
 
 def write_plan_plot(path: str, cfg, res: PlanResult, slo_tpot_ms: float | None) -> str:
@@ -196,8 +207,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{s['hot_buffer_gb_per_gpu']:.1f} GB per GPU (+ {s['indexer_keys_gb_per_gpu']:.1f} GB indexer keys); "
           f"GPU total {s['gpu_used_gb']:.1f} GB")
     print(f"  host pool: {s['host_pool_gb_per_node']:.0f} GB per node (pinned); PCIe busy {b.pcie_busy_fraction:.0%}")
-    print(f"  ess_config: max_gpu_buffer_size_gb: {s['hot_buffer_gb_per_gpu']:.1f}, memory_pool_size_gb: "
-          f"{s['host_pool_gb_per_node']:.0f}, prefetch_overlap_level: {b.cfg.ess.overlap}")
+    lp = _launch(res, cfg, pools)
+    if lp is not None:
+        print(f"  launch: python -m sgl_ess.launch_server --model-path MODEL {' '.join(lp.argv)} "
+              f"--ess-prefetch-overlap-level {b.cfg.ess.overlap}")
+        print(f"    --ess-explain prints for these flags: {lp.tokens_per_pool} tokens per pool, {lp.pools_per_node} "
+              f"host pool(s) per node = {lp.host_bytes_per_node / GB:.1f} GB per node, {lp.hot_slots_per_request} "
+              f"hot slots per request per layer")
     print(f"  binding resource: {res.binding} - {res.binding_why}")
     if res.baseline is not None:
         print(f"  no offload: batch {res.baseline.cfg.work.batch}, {res.baseline.tokens_per_s_per_node:.0f} "

@@ -283,7 +283,8 @@ class ServingLayoutConfig:
     nnodes: int | None = flag(None, "SGLang --nnodes (default: --nodes)")
     share_host_pool: str = flag("auto", "host pools of an attention-TP group's ranks on one node: shared (one "
                                         "pool per group, the CPU serving path) | per-rank (one copy per rank, "
-                                        "what CUDA does today) | auto (= shared)", choices=SHARE_HOST_POOL)
+                                        "the launcher's auto on CUDA) | auto (= per-rank, as the launcher on a CUDA node)",
+                                choices=SHARE_HOST_POOL)
     max_total_tokens: int | None = flag(None, "tokens per host pool, as the launcher's --max-total-tokens "
                                               "(default: the planned batch x --context)")
     kv_cache_dtype: str = flag("fp8_e4m3", "host latent row: fp8_e4m3 (FlashMLA's row, 656 B for DeepSeek-V3.2; "

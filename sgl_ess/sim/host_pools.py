@@ -90,9 +90,11 @@ def host_pool_report(serving: ServingLayoutConfig, deploy: DeploymentConfig, tok
     m = ModelSpec.load(deploy.model)
     lay = resolve_layout(serving, deploy)
     row = latent_row_bytes(m, serving.kv_cache_dtype)
-    chosen = "shared" if serving.share_host_pool == "auto" else serving.share_host_pool
-    rows = tuple(node_pools(lay, s, tokens, m.num_layers, row, deploy.host_mem_gb) for s in SHARINGS)
-    return HostPoolReport(lay, tokens, tokens_source, m.num_layers, row, serving.kv_cache_dtype, chosen,
+    # auto: what the launcher's --ess-share-host-pool auto does on a CUDA node (one pool per rank)
+    chosen = "per-rank" if serving.share_host_pool == "auto" else serving.share_host_pool
+    layers = m.num_layers * m.attention_sublayers       # SGLang's num_attention_layers: the host pool's layers
+    rows = tuple(node_pools(lay, s, tokens, layers, row, deploy.host_mem_gb) for s in SHARINGS)
+    return HostPoolReport(lay, tokens, tokens_source, layers, row, serving.kv_cache_dtype, chosen,
                           deploy.host_mem_gb, rows)
 
 

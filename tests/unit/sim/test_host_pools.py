@@ -28,7 +28,7 @@ def test_deepseek_v32_geometry():
 def test_tp8_one_node_shares_one_pool_per_rank_keeps_eight():
     rep = _report(tp=8)
     shared, per_rank = rep.for_sharing("shared"), rep.for_sharing("per-rank")
-    assert rep.layout == ParallelLayout(tp=8, dp=1, nnodes=1, dp_attention=False) and rep.chosen == "shared"
+    assert rep.layout == ParallelLayout(tp=8, dp=1, nnodes=1, dp_attention=False) and rep.chosen == "per-rank"
     assert (shared.ranks_per_node, shared.pools_per_node, per_rank.pools_per_node) == (8, 1, 8)
     assert shared.bytes_per_pool == per_rank.bytes_per_pool == (TOKENS + 64) * 61 * 656
     assert per_rank.host_bytes_per_node == 8 * shared.host_bytes_per_node

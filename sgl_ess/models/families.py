@@ -53,6 +53,7 @@ class ModelFamily:
     ess_implements: frozenset = frozenset()
     refused: Optional[str] = None
     checked: str = ""
+    attention_sublayers: int = 1          # latent (attention) layers per decoder layer
 
     @property
     def supported(self) -> bool:
@@ -82,8 +83,11 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily(
         "LongCat-Flash (sparse attention)", ("LongcatFlashForCausalLM",), ("LongcatFlashForCausalLMNextN",),
         "longcat_flash.py", adds=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}),
-        refused="each decoder layer has two attention sub-layers, which the launcher's sizing and the store's "
-                "layer count do not follow yet (issue 34 item 5)"),
+        ess_implements=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}), attention_sublayers=2,
+        checked="embedded tiny_longcat (2 decoder layers = 4 latent layers, cli_factor 2, zero experts off: "
+                "SGLang's zero-expert kernel is Triton, not on CPU): ESS on == off at server level; sizing "
+                "counts 2 x num_hidden_layers latent layers. Its shared top-k layers (cli_factor) are served "
+                "with the fetch planned late, inside attention (exact)"),
     ModelFamily(
         "dots.note (Dots3)", ("Dots3NoteForCausalLM",), ("Dots3NoteForCausalLMNextN",), "dots3.py",
         adds=frozenset({SLIDING_WINDOW}),
@@ -126,6 +130,16 @@ def family_of(architecture: str) -> Optional[ModelFamily]:
         if architecture in fam.architectures or architecture in fam.mtp_architectures:
             return fam
     return None
+
+
+def attention_layers(architecture: str, num_hidden_layers: int) -> int:
+    """Latent layers of a model (SGLang's ModelConfig.num_attention_layers): num_hidden_layers times its
+    family's attention sub-layers per decoder layer (LongCat-Flash: 2). A draft (NextN) architecture
+    counts its own layers: SGLang builds its pool from num_nextn_predict_layers."""
+    fam = family_of(architecture)
+    if fam is None or architecture in fam.mtp_architectures:
+        return int(num_hidden_layers)
+    return int(num_hidden_layers) * fam.attention_sublayers
 
 
 def supported_text() -> str:

@@ -3,12 +3,15 @@
   tiny_dsv32  the default model, DeepSeek-V3.2 architecture (below);
   tiny_glm5   GLM-5 / 5.1 (``GlmMoeDsaForCausalLM``): the same sizes with GLM's head shapes
               (v_head_dim > qk_nope_head_dim, as GLM-5's 256 / 192), 3 layers, an indexer on every
-              layer (``indexer_types`` all "full": GLM-5.2's shared-index layers are not in it).
+              layer (``indexer_types`` all "full": GLM-5.2's shared-index layers are not in it);
+  tiny_longcat LongCat-Flash with sparse attention (``LongcatFlashForCausalLM``): 2 decoder layers of
+              two attention sub-layers each (4 latent layers), cli_factor 2 (shared top-k), zero
+              experts off (SGLang's zero-expert kernel is Triton: not on CPU).
 
 The generated files ship in the package (``sgl_ess/models/tiny_*/``); serving never
 regenerates them. Re-run only to change a model:
 
-    python -m sgl_ess.models.make_tiny [--model dsv32|glm5] [OUT_DIR]
+    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|longcat] [OUT_DIR]
 
 Architecture (``DeepseekV32ForCausalLM``): MLA latent (kv_lora_rank 64 + rope 16), a
 lightning indexer per layer (4 heads x 128 dims, top-k 32), MoE (8 routed experts, 2
@@ -98,6 +101,37 @@ GLM5_CONFIG = dict(
     rms_norm_eps=1e-5,
 )
 CONFIGS = {"dsv32": ("tiny_dsv32", MODEL_CONFIG), "glm5": ("tiny_glm5", GLM5_CONFIG)}
+
+
+# LongCat-Flash with sparse attention (SGLang's LongcatFlashConfig / LongcatFlashForCausalLM,
+# longcat_flash.py): two MLA attention sub-layers per decoder layer (attention layer id 2 * layer + i),
+# so its 2 decoder layers hold 4 latent layers; cli_factor 2: every second attention layer reuses the
+# previous one's top-k (SGLang's dsa_layer_skips_topk). Zero experts off (zero_expert_num 0,
+# zero_expert_type None): SGLang computes them with a Triton kernel, which does not run on the CPU.
+LONGCAT_CONFIG = {
+    k: v for k, v in MODEL_CONFIG.items()
+    if k not in ("intermediate_size", "moe_intermediate_size", "n_shared_experts", "num_experts_per_tok", "n_group",
+                 "topk_group", "scoring_func", "topk_method", "norm_topk_prob", "first_k_dense_replace",
+                 "moe_layer_freq", "aux_loss_alpha", "seq_aux")
+}
+LONGCAT_CONFIG.update(
+    architectures=["LongcatFlashForCausalLM"],
+    model_type="longcat_flash",
+    num_layers=2,
+    num_hidden_layers=2,
+    ffn_hidden_size=256,
+    expert_ffn_hidden_size=64,
+    moe_topk=2,
+    zero_expert_num=0,
+    zero_expert_type=None,
+    router_bias=False,
+    rounter_params_dtype="float32",
+    mla_scale_q_lora=True,
+    mla_scale_kv_lora=True,
+    cli_factor=2,
+    rms_norm_eps=1e-5,
+)
+CONFIGS["longcat"] = ("tiny_longcat", LONGCAT_CONFIG)
 
 
 def _training_files(limit: int = 300) -> list[str]:

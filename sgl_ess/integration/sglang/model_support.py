@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from sgl_ess.models.families import LINEAR_ATTENTION, SHARED_TOPK, SINKS, ModelFacts, family_of, refusal
+from sgl_ess.models.families import (LINEAR_ATTENTION, SHARED_TOPK, SINKS, ModelFacts, attention_layers, family_of,
+                                      refusal)
 from sgl_ess.serving.preflight import PreflightError
 
 logger = logging.getLogger("sgl_ess")
@@ -28,7 +29,8 @@ def facts_of(cfg) -> ModelFacts:
     is_dsa = bool(archs) and (is_deepseek_dsa(cfg) or is_deepseek_dsa(text))
     if is_dsa:
         dsa_cfg = cfg if is_deepseek_dsa(cfg) else text
-        layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+        # attention layer ids, as dsa_layer_skips_topk numbers them (LongCat: 2 per decoder layer)
+        layers = attention_layers(arch, int(getattr(text, "num_hidden_layers", 0) or 0))
         if any(dsa_layer_skips_topk(dsa_cfg, i) for i in range(layers)):
             adds.add(SHARED_TOPK)
     if uses_kda_attention(cfg):

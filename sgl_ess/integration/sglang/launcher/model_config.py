@@ -1,8 +1,10 @@
 """The model's geometry (layers, latent row bytes, index_topk) read before anything loads, through
 transformers' own config loader: ``AutoConfig.from_pretrained`` takes a local directory or a hub id,
 and reads a hub id from the local HF cache (``HF_HOME``) when it is there, or only from it with
-``HF_HUB_OFFLINE=1`` - as SGLang itself will when it loads the model. A config that cannot be read
-stops the launch (exit 2) with what was tried and what fixes it. Owns no state.
+``HF_HUB_OFFLINE=1`` - as SGLang itself will when it loads the model. A family whose decoder layer
+holds several attention layers (LongCat-Flash) is then re-read through SGLang's own get_config, whose
+layer count differs from transformers' class. A config that cannot be read stops the launch (exit 2)
+with what was tried and what fixes it. Owns no state.
 """
 
 from __future__ import annotations
@@ -26,18 +28,44 @@ def load_geometry(model: str, trust_remote_code: bool = False, revision: Optiona
         cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code, revision=revision)
     except (OSError, ValueError, KeyError) as e:      # not found / offline and not cached / unknown model_type
         raise PreflightError(_unreadable(model, e)) from None
+    cfg = _as_sglang_reads_it(model, cfg, trust_remote_code, revision)
     from ..model_support import check as check_model_supported
 
     check_model_supported(cfg)          # the model table (models/families.py): outside it, exit 2 before loading
     return geometry_of(cfg)
 
 
+def _as_sglang_reads_it(model: str, cfg, trust_remote_code: bool, revision: Optional[str]):
+    """`cfg`, or for a family whose decoder layer holds several attention layers (LongCat-Flash) the
+    config SGLang itself loads (its get_config, which re-reads it through SGLang's own class): there
+    transformers and SGLang disagree on num_hidden_layers (transformers' LongcatFlashConfig derives it
+    as 2 x num_layers, SGLang's keeps the decoder layers and counts 2 x that in num_attention_layers),
+    and the pool SGLang builds follows SGLang's."""
+    from sgl_ess.models.families import family_of
+
+    fam = family_of((list(getattr(cfg, "architectures", None) or []) or [""])[0])
+    if fam is None or fam.attention_sublayers == 1:
+        return cfg
+    from sglang.srt.utils.hf_transformers.config import get_config
+
+    try:
+        return get_config(model, trust_remote_code=trust_remote_code, revision=revision)
+    except (OSError, ValueError, KeyError) as e:
+        raise PreflightError(_unreadable(model, e)) from None
+
+
 def geometry_of(cfg) -> Optional[ModelGeometry]:
-    """ModelGeometry from a transformers config (its text config for a multimodal one)."""
+    """ModelGeometry from a model config (its text config for a multimodal one), as SGLang reads it
+    (_as_sglang_reads_it). `layers`: the latent (attention) layers, as SGLang's
+    ModelConfig.num_attention_layers counts them (LongCat-Flash: 2 x num_hidden_layers;
+    models/families.attention_layers)."""
+    from sgl_ess.models.families import attention_layers
+
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     try:
         r, p = int(text.kv_lora_rank), int(text.qk_rope_head_dim)
-        layers = int(text.num_hidden_layers)
+        arch = (list(getattr(cfg, "architectures", None) or []) or [""])[0]
+        layers = attention_layers(arch, int(text.num_hidden_layers))
     except (AttributeError, TypeError, ValueError):
         return None
     from sglang.srt.utils.hf_transformers.common import get_context_length

@@ -1,0 +1,84 @@
+"""LongCat-Flash with sparse attention (``LongcatFlashForCausalLM``, the embedded tiny_longcat: 2 decoder
+layers of two MLA attention sub-layers each = 4 latent layers, cli_factor 2 so every second attention
+layer reuses the previous one's top-k, zero experts off) served ESS on == ESS off: greedy tokens and
+log-probs, 6 concurrent clients on 4 request rows (rows reused within a batch and by the second batch),
+contexts several times the hot buffer, live host rows and hot buffers back to zero without a flush.
+
+The host pool is sized from a GB budget for 4 latent layers: a launcher that counted num_hidden_layers
+(2) would plan twice the tokens, and the pool SGLang builds (4 layers) would not match the plan.
+The shared top-k layers are served by today's late-plan path (their fetch planned inside attention).
+One pair of servers for the module."""
+
+import pytest
+
+from sgl_ess.models import families
+from sgl_ess.serving.preflight import DSA_PAGE_SIZE
+
+from ._server import Server, group_alive
+from .conftest import HOT_SLOTS, _need_sglang
+from .test_exactness import NEW_TOKENS, _run_batch
+
+pytestmark = pytest.mark.integration
+
+TINY_LONGCAT_DIR = families.__file__.rsplit("/", 1)[0] + "/tiny_longcat"
+ROWS = 4                                  # --max-running-requests: fewer than the 6 concurrent clients
+DECODER_LAYERS = 2                        # tiny_longcat: num_hidden_layers
+LAYERS, ROW_BYTES = 2 * DECODER_LAYERS, (64 + 16) * 2     # two attention sub-layers each; (kv_lora_rank + rope) x bf16
+POOL_TOKENS = 8192
+POOL_GB = (POOL_TOKENS + DSA_PAGE_SIZE) * LAYERS * ROW_BYTES / 1e9     # SGLang adds one padding page
+SCALED_WEIGHTS = {"SGLESS_DUMMY_INIT": "scaled"}       # as test_glm5_exactness: logits not flat
+
+
+def _serve(name, args):
+    srv = Server(name, ["--model-path", TINY_LONGCAT_DIR, "--load-format", "dummy", "--max-running-requests",
+                        str(ROWS), *args], SCALED_WEIGHTS)
+    try:
+        srv.wait_healthy()
+        out = {"status": srv.get("/ess/status")}
+        before = srv.ess_usage().get("rows_h2d", 0)
+        out["first"], raw = _run_batch(srv)
+        out["again"], _ = _run_batch(srv)
+        out["prompt_tokens"] = raw[0]["meta_info"]["prompt_tokens"]
+        if name.endswith("on"):
+            out["fetched"] = srv.ess_usage()["rows_h2d"] - before
+            out["after"] = srv.wait_ess_zero(timeout_s=90)       # polls WITHOUT a flush first
+        out["log"] = srv.log_tail(100000)
+    finally:
+        srv.stop()
+    assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
+    return out
+
+
+@pytest.fixture(scope="module")
+def longcat():
+    _need_sglang()
+    return {"on": _serve("longcat_on", ["--ess-hot-slots-per-request", str(HOT_SLOTS),
+                                        "--ess-memory-pool-size-gb", repr(POOL_GB)]),
+            "off": _serve("longcat_off", ["--ess-enabled", "false", "--max-total-tokens", str(POOL_TOKENS)])}
+
+
+def test_longcat_sizing_counts_both_attention_sublayers(longcat):
+    st = longcat["on"]["status"]
+    sizing, s = st["pool_sizing"], st["schedulers"][0]
+    assert sizing["model"]["layers"] == LAYERS and sizing["model"]["latent_row_bytes"] == ROW_BYTES, sizing
+    assert sizing["tokens"] == POOL_TOKENS == s["host_tokens_capacity"], (sizing, s)
+    assert s["host_bytes"] == sizing["host_bytes_expected"], (s, sizing)
+
+
+def test_longcat_ess_on_equals_off(longcat):
+    on, off = longcat["on"], longcat["off"]
+    assert on["fetched"] > 0, "ESS on served LongCat without a host->device fetch: the store was not used"
+    assert on["prompt_tokens"] >= 5 * HOT_SLOTS
+    for when in ("first", "again"):
+        for i, (a, b) in enumerate(zip(on[when], off[when])):
+            assert len(a) == NEW_TOKENS
+            assert [t for t, _ in a] == [t for t, _ in b], f"{when} batch, request {i}: tokens differ ESS on vs off"
+            assert [lp for _, lp in a] == [lp for _, lp in b], f"{when} batch, request {i}: log-probs differ"
+    assert len({t for t, _ in on["first"][0]}) > 4            # not a degenerate repetition
+    assert "Traceback" not in on["log"] and "Traceback" not in off["log"]
+    assert "shared-index layers" in on["log"]       # the launcher said the shared top-k layers plan late
+
+
+def test_longcat_live_rows_back_to_zero_without_a_flush(longcat):
+    u = longcat["on"]["after"]
+    assert u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0, u

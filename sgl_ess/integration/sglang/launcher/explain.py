@@ -61,7 +61,8 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
         return "\n".join(lines) + "\n"
     lines.append(f"  model: {model['path']}: {model['layers']} layers, latent row {model['latent_row_bytes']} B per "
                  f"token per layer (kv cache dtype {model['kv_cache_dtype']}: {model['kv_cache_dtype_source']}), index_topk "
-                 f"{model['index_topk']} (read through transformers.AutoConfig)")
+                 f"{model['index_topk']} (read through transformers.AutoConfig; a LongCat-Flash config through SGLang's "
+                 f"get_config, layers = its attention layers)")
     pools, per_pool = sizing["pools_per_node"], sizing["host_bytes_expected"]
     who = "one per attention-TP group, shared by its ranks" if pools < layout["ranks_per_node"] else "one per rank"
     lines.append(f"  host pool per node: {_gb(sizing['host_bytes_per_node'])} = {pools} host pool(s) per node x "

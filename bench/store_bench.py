@@ -17,7 +17,10 @@ Prints and writes bench/results/store.json:
   3. ATen ops, an estimate of kernel launches and host reads per decode layer-step of the device
      path (reserve + plan + land + commit through the side-stream engine, validate off), counted
      with the torch profiler on CPU (bench/op_count.py; a count, not a timing; issue 16's goal:
-     <= 10 launches, no host read).
+     <= 10 launches, no host read);
+  4. shared-index layers on a GLM-5.2-shaped model (78 layers, 21 anchors, bench/shared_index.py): the
+     group design (one slot table per group, resolved at the anchor, every layer planned early) next to
+     the per-layer design: plans early / late per layer, resolver calls per step, bytes read equal.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import torch
 
 from bench.meta import write_result
 from bench.op_count import count_plan_ops
+from bench.shared_index import compare as shared_index_compare
 from bench.workload_args import add_workload_args, apply_threads
 from sgl_ess.core.lru_oracle import LruOracle
 from sgl_ess.kernels.resolver_numba import available as numba_available
@@ -234,6 +238,15 @@ def main(argv=None) -> int:
     print(f"the same step as a decode CUDA graph holds it (--ess-cuda-graph; 2 of {graph_ops['shape']['batch']} rows "
           f"padding, padded=True): {graph_ops['ops']} ATen ops, ~{graph_ops['launch_estimate_cuda']} launches recorded "
           f"once, {graph_ops['host_reads']} host reads", flush=True)
+    shared = shared_index_compare()
+    print(f"shared-index layers, {shared['model']}:")
+    for key, label in (("per_layer_design", "per-layer design (one LRU per layer)"),
+                       ("group_design", "group design (one slot table per group)")):
+        x = shared[key]
+        print(f"  {label:40} layers planned early {x['plans_early_layers']:3d}, late {x['plans_late_layers']:3d}; "
+              f"resolver calls per step {x['resolver_calls_per_step']}; planning "
+              f"{x['plan_cpu_ms_per_step_single_run']:.1f} ms/step (CPU, one run)")
+    print(f"  bytes every layer read equal in both designs: {shared['outputs_equal']}", flush=True)
     path = write_result("store", {
         "config": vars(args), "torch_threads": torch.get_num_threads(),
         "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
@@ -246,6 +259,7 @@ def main(argv=None) -> int:
         "warmup_ms_per_layer": {m: warm[m][2] for m in WARM_MODES if m != "none"},
         "device_path_ops_per_layer_step": ops,
         "graph_path_ops_per_layer_step": {**graph_ops, "padding_rows": 2},
+        "shared_index_layers": shared,
     })
     print(f"wrote {path}")
     return 0

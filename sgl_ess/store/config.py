@@ -45,6 +45,10 @@ class StoreConfig:
     spec_slots:            rows per layer parity for speculative prefetch (0 = the tier is off)
     resolver_backend:      "auto" (Triton kernel on CUDA; on the CPU the numba kernel when numba
                            imports, else torch) | "torch" | "triton" | "numba"
+    layer_anchors:         shared-index layers (GLM-5.2 indexer_types "shared"): per layer, the layer whose
+                           top-k it uses (its anchor: the last layer at or before it with an indexer); ()
+                           = every layer its own. A group (an anchor and the layers that follow it) has ONE
+                           LRU slot table, resolved once per step at the anchor; rows stay per layer
     """
 
     num_layers: int
@@ -63,6 +67,7 @@ class StoreConfig:
     spec_slots: int = 0
     resolver_backend: str = "auto"
     hot_groups: int = 0
+    layer_anchors: tuple = ()
 
     def __post_init__(self) -> None:
         _positive("num_layers", self.num_layers, "the model config (num_hidden_layers)")
@@ -86,12 +91,32 @@ class StoreConfig:
                 f"{self.max_requests}; it follows --max-running-requests")
         if self.resolver_backend not in ("auto", "torch", "triton", "numba"):
             raise StoreConfigError(f"resolver_backend={self.resolver_backend!r}: expected auto, torch, triton or numba")
+        _check_anchors(self.layer_anchors, self.num_layers)
         if self.hot_slots_per_request < self.topk + 1:
             raise StoreConfigError(
                 f"hot_slots_per_request={self.hot_slots_per_request} is smaller than topk+1="
                 f"{self.topk + 1}: a step's top-k plus the newest token must all be resident. "
                 "Raise --ess-hot-slots-per-request (or the sparse memory ratio); the paper recommends >= "
                 f"{PAPER_MIN_HOT_SLOTS}")
+
+    @property
+    def anchors(self) -> tuple[int, ...]:
+        """Each layer's anchor (itself without shared-index layers)."""
+        return tuple(self.layer_anchors) or tuple(range(self.num_layers))
+
+    @property
+    def slot_tables(self) -> int:
+        """LRU slot tables per hot buffer: one per anchor layer (= num_layers without shared layers)."""
+        return len(set(self.anchors))
+
+    def table_of(self, layer: int) -> int:
+        """The slot table of `layer`: its anchor's ordinal among the anchors."""
+        a = self.anchors
+        return sorted(set(a)).index(a[layer])
+
+    def group_layers(self, anchor: int) -> list[int]:
+        """The layers that use anchor `anchor`'s top-k (the anchor first)."""
+        return [i for i, a in enumerate(self.anchors) if a == anchor]
 
     @property
     def ring_groups(self) -> int:
@@ -136,7 +161,8 @@ class StoreConfig:
         staged = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
         rows = -(-(n_layers * r * n + staged) // PAGE_ROWS) * PAGE_ROWS
         return {"slot_rows": rows * self.row_bytes, "ring_tags": 8 * staged,
-                "lru_state": n_layers * (r + 1) * n * (8 + 4),           # slot -> token int64, LRU order int32
+                # slot -> token int64, LRU order int32: one table per anchor layer (shared-index layers: none)
+                "lru_state": self.slot_tables * (r + 1) * n * (8 + 4),
                 "token_map": (r + 1) * (self.max_context_tokens + 1) * 4,
                 "counters": 8 * (2 * n_layers * r + 6 * n_layers),
                 "group_map": 8 * self.max_requests if self.hot_groups else 0,   # request row -> hot buffer
@@ -166,6 +192,22 @@ def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float 
     if context_tokens:
         n = min(n, context_tokens + 1)
     return max(n, topk + 1)
+
+
+def _check_anchors(anchors, num_layers: int) -> None:
+    """layer_anchors: () or one entry per layer; an anchor is its own anchor and precedes its group,
+    groups are contiguous runs of layers."""
+    if not anchors:
+        return
+    a = list(anchors)
+    ok = len(a) == num_layers and all(isinstance(x, int) for x in a)
+    ok = ok and all(0 <= x <= i and a[x] == x for i, x in enumerate(a))
+    ok = ok and all(a[i] == a[i - 1] or a[i] == i for i in range(1, len(a)))
+    if not ok:
+        raise StoreConfigError(
+            f"layer_anchors={a!r}: expected one entry per layer ({num_layers}), each the index of the last layer at "
+            "or before it that has an indexer (its own index for such a layer); it follows the model config "
+            "(indexer_types / index_topk_freq, SGLang's dsa_layer_skips_topk)")
 
 
 def _positive(name: str, value: int, fix: str) -> None:

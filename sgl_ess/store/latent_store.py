@@ -20,6 +20,16 @@ Per decode step and layer (see step_plan.py):
   land(plan)                                                   wait for it, verify ring tags
   commit(plan)                                                 ring rows -> LRU slots (background)
 `resolve` does all three and returns the hot-slot rows (the synchronous form).
+
+Shared-index layers (StoreConfig.layer_anchors: GLM-5.2's indexer_types "shared"): the layers of a
+group see their anchor's top-k, so their LRU states would evolve identically. The group keeps ONE
+slot table (LRU state) per hot buffer, resolved once per step at the anchor (`reserve_group`,
+`plan_group`); the result applies to every layer's own rows (hot_base(layer) + slot), and every
+layer's fetch is submitted then, at the anchor (the whole group's lead time). The anchor's misses
+go through its staging ring; a later layer's misses go straight to their hot slots (the slot a
+miss evicts holds a token no one reads this step), so no ring group is shared by two plans in flight.
+`plan` / `reserve` / `admit_from_host` refuse a layer of a multi-layer group (they would advance
+the shared table for one layer only).
 """
 from __future__ import annotations
 
@@ -92,8 +102,12 @@ class LatentStore:
         self.slots = SlotSpace(cfg.num_layers, cfg.groups, cfg.hot_slots_per_request, cfg.row_bytes,
                                cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots,
                                lock=cfg.lock_host)
-        self.hot = DeviceHotBuffer(cfg.num_layers, cfg.groups, cfg.hot_slots_per_request, dev,
+        # one LRU slot table per anchor layer (= per layer without shared-index layers)
+        self._table = [cfg.table_of(layer) for layer in range(cfg.num_layers)]
+        self._grouped = cfg.slot_tables != cfg.num_layers
+        self.hot = DeviceHotBuffer(cfg.slot_tables, cfg.groups, cfg.hot_slots_per_request, dev,
                                    max_context_tokens=cfg.max_context_tokens)
+        self.resolver_calls = 0          # top-k resolutions (plan / plan_group): one per anchor and step
         self.counters = StoreCounters(cfg.num_layers, cfg.groups, cfg.row_bytes, dev)
         # request row -> hot buffer (only with fewer hot buffers than rows; else row r owns buffer r):
         # handed out by open(), given back by close(); -1 for a row without one
@@ -119,6 +133,10 @@ class LatentStore:
                                   slot_segment=self.slots.segment)
         self.engine: FetchEngine = self._make_engine(engine)
         spec_options = spec_options or SpeculativeOptions()
+        if speculative != "off" and self._grouped:
+            raise ValueError(f"speculative prefetch {speculative!r} with shared-index layers (layer_anchors): the "
+                             "speculative tier keeps per-layer predictions, which a group's one slot table does not "
+                             "follow; serve with --ess-speculative-prefetch off")
         if speculative != "off" and cfg.spec_slots <= 0:
             raise ValueError(f"speculative prefetch {speculative!r} needs speculative rows: set spec_slots > 0 "
                              "(--ess-spec-slots)")
@@ -343,7 +361,12 @@ class LatentStore:
         check_topk(ids.reshape(ids.shape[0], -1), seq_lens, "warmup topk_ids")   # one host sync
         if self.trace is not None:
             self.trace.warmup(layer, reqs, seq_lens, ids)
-        s2t = set_warm_state(self.hot, layer, self.groups_of(reqs), seq_lens, ids)
+        if self.cfg.anchors[layer] != layer:
+            # a shared-index layer: its anchor (warmed first, from the same top-k sets) set the group's
+            # table; only this layer's rows are fetched
+            s2t = self.hot.slot_to_token[self._table[layer]].index_select(0, self.groups_of(reqs))
+        else:
+            s2t = set_warm_state(self.hot, self._table[layer], self.groups_of(reqs), seq_lens, ids)
         return self._fetch_residents(layer, reqs, s2t, req_to_host, "warmup")
 
     def _fetch_residents(self, layer: int, reqs: torch.Tensor, s2t: torch.Tensor, req_to_host: torch.Tensor,
@@ -366,7 +389,7 @@ class LatentStore:
         """int64 [num_layers, N] on the host: request `req`'s LRU state as tokens, least recently used
         first (-1 empty); `warm_from_lru_tokens` rebuilds it (a PD prefill node sends it to the decode)."""
         self._check_open(req)
-        return lru_tokens(self.hot, self._group_host[req]).cpu()
+        return lru_tokens(self.hot, self._group_host[req])[self._table].cpu()
 
     def warm_from_lru_tokens(self, req: int, seq_len: int, tokens: torch.Tensor, req_to_host: torch.Tensor) -> int | None:
         """Set request `req`'s hot buffer (opened, empty) to the LRU state `tokens` [num_layers, N]
@@ -381,9 +404,16 @@ class LatentStore:
         if state is None:
             return None
         s2t, order = state
+        if self._grouped:
+            lead = sorted(set(self.cfg.anchors))
+            table = torch.tensor(self._table, device=s2t.device)
+            if not torch.equal(s2t, s2t[lead][table]):
+                return None                    # a group's layers must hold one state (their anchor's)
+            s2t, order = s2t[lead], order[lead]
         g = self._group_host[req]
         self.hot.slot_to_token[:, g] = s2t
         self.hot.lru_order[:, g] = order
+        s2t = s2t[self._table] if self._grouped else s2t
         reqs = torch.tensor([req], dtype=torch.int64, device=self.device)
         return sum(self._fetch_residents(layer, reqs, s2t[layer:layer + 1], req_to_host, "warmup (PD transfer)")
                    for layer in range(self.cfg.num_layers))
@@ -397,6 +427,7 @@ class LatentStore:
         `validate=False` skips the input checks (they sync the host) on a trusted hot path.
         `padded`: `reqs` may hold -1 for padded batch rows: nothing is read, fetched or counted for them."""
         self._check_layer(layer)
+        self._check_ungrouped(layer, "plan", "plan_group")
         if not 0 <= micro_batch < self.cfg.ring_micro_batches:
             raise ValueError(f"micro_batch={micro_batch}: expected 0..{self.cfg.ring_micro_batches - 1}")
         reqs = reqs.to(self.device, torch.int64)
@@ -413,7 +444,8 @@ class LatentStore:
             self.engine.wait(self._group_fence.pop(group))
         tokens = topk.to(self.device, torch.int64)
         groups = self.groups_of(reqs, padded)
-        a = assign(self.hot, layer, groups, seq_lens, tokens, backend=self.resolver_backend)
+        a = assign(self.hot, self._table[layer], groups, seq_lens, tokens, backend=self.resolver_backend)
+        self.resolver_calls += 1
         if self.spec is None:
             return self._plan_fused(layer, micro_batch, reqs, groups, tokens, a, req_to_host, group)
         self.counters.add_step(layer, groups, a.hit, a.miss)
@@ -446,13 +478,51 @@ class LatentStore:
             self.spec.after_plan(layer, reqs, seq_lens, tokens, req_to_host, micro_batch)
         return step
 
-    def _plan_fused(self, layer, micro_batch, reqs, groups, tokens, a, req_to_host, group) -> StepPlan:
+    def plan_group(self, anchor: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
+                   req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True,
+                   padded: bool = False) -> list[StepPlan]:
+        """`plan` for every layer of anchor `anchor`'s group (the anchor first), with ONE resolver call
+        on the group's slot table: the same slots, hits and misses apply to each layer's own rows, and
+        every layer's fetch is submitted now. Arguments as `plan`. A layer without shared-index layers
+        after it is a group of one (same result as `plan`)."""
+        self._check_layer(anchor)
+        if self.cfg.anchors[anchor] != anchor:
+            raise ValueError(f"plan_group: layer {anchor} is a shared-index layer (anchor "
+                             f"{self.cfg.anchors[anchor]}); plan its group at the anchor")
+        if self.spec is not None:
+            return [self.plan(anchor, reqs, seq_lens, topk, req_to_host, micro_batch, validate, padded)]
+        if not 0 <= micro_batch < self.cfg.ring_micro_batches:
+            raise ValueError(f"micro_batch={micro_batch}: expected 0..{self.cfg.ring_micro_batches - 1}")
+        layers = self.cfg.group_layers(anchor)
+        reqs = reqs.to(self.device, torch.int64)
+        seq_lens = seq_lens.to(self.device, torch.int64)
+        if validate:
+            self._check_batch(reqs)
+            check_topk(topk, seq_lens, "resolve topk")
+        for layer in layers:
+            if self.trace is not None:
+                self.trace.plan(layer, micro_batch, reqs, seq_lens, topk)
+            for t in self._layer_fence.pop(layer, []):
+                self.engine.wait(t)
+        group = self._ring_group(anchor, micro_batch)
+        if group in self._group_fence:
+            self.engine.wait(self._group_fence.pop(group))
+        tokens = topk.to(self.device, torch.int64)
+        groups = self.groups_of(reqs, padded)
+        a = assign(self.hot, self._table[anchor], groups, seq_lens, tokens, backend=self.resolver_backend)
+        self.resolver_calls += 1
+        return [self._plan_fused(layer, micro_batch, reqs, groups, tokens, a, req_to_host, group,
+                                 use_ring=layer == anchor) for layer in layers]
+
+    def _plan_fused(self, layer, micro_batch, reqs, groups, tokens, a, req_to_host, group,
+                    use_ring: bool = True) -> StepPlan:
         """`plan` without a speculative tier: the resolver's result turned into the step in one
-        epilogue (torch ops here; one Triton launch with the Triton resolver, i.e. on CUDA)."""
+        epilogue (torch ops here; one Triton launch with the Triton resolver, i.e. on CUDA).
+        `use_ring` False: every miss goes straight to its hot slot (a shared-index layer, plan_group)."""
         seq = self.next_seq()
         args = (a.slots, a.miss, a.hit, tokens, reqs, groups, req_to_host.to(self.device))
         kw = dict(hot_base=self.slots.hot_base(layer), n_slots=self.cfg.hot_slots_per_request,
-                  ring_first=self.slots.ring_row(group, 0), ring_cap=self.slots.ring_slots)
+                  ring_first=self.slots.ring_row(group, 0), ring_cap=self.slots.ring_slots if use_ring else 0)
         if self.resolver_backend == "triton":
             from sgl_ess.kernels.plan_epilogue_triton import plan_epilogue_triton
 
@@ -539,19 +609,41 @@ class LatentStore:
         `padded`: `reqs` may hold -1 for padded batch rows (SGLang's padding, as a CUDA graph pads
         its batch): they touch nothing and get row -1, which `write_slots(padded=True)` skips (two more ops)."""
         self._check_layer(layer)
-        for t in self._layer_fence.pop(layer, []):
-            self.engine.wait(t)
+        self._check_ungrouped(layer, "reserve", "reserve_group")
+        return self._reserve(layer, [layer], reqs, positions, validate, padded)[0]
+
+    def reserve_group(self, anchor: int, reqs: torch.Tensor, positions: torch.Tensor, validate: bool = True,
+                      padded: bool = False) -> list[torch.Tensor]:
+        """`reserve` for every layer of anchor `anchor`'s group (the anchor first), one resolver call on
+        the group's slot table: the newest token takes the same slot in each layer's rows. Returns each
+        layer's slot rows int64 [b]."""
+        self._check_layer(anchor)
+        if self.cfg.anchors[anchor] != anchor:
+            raise ValueError(f"reserve_group: layer {anchor} is a shared-index layer (anchor "
+                             f"{self.cfg.anchors[anchor]}); reserve its group at the anchor")
+        return self._reserve(anchor, self.cfg.group_layers(anchor), reqs, positions, validate, padded)
+
+    def _reserve(self, anchor: int, layers: list[int], reqs, positions, validate: bool, padded: bool):
+        for layer in layers:
+            for t in self._layer_fence.pop(layer, []):
+                self.engine.wait(t)
         reqs = reqs.to(self.device, torch.int64)
         positions = positions.to(self.device, torch.int64)
         if validate:
             self._check_batch(reqs)
         if self.trace is not None:
-            self.trace.touch(layer, reqs, positions + 1, positions.unsqueeze(1))
+            for layer in layers:
+                self.trace.touch(layer, reqs, positions + 1, positions.unsqueeze(1))
         groups = self.groups_of(reqs, padded)
-        a = assign(self.hot, layer, groups, positions + 1, positions.unsqueeze(1), backend=self.resolver_backend)
+        a = assign(self.hot, self._table[anchor], groups, positions + 1, positions.unsqueeze(1),
+                   backend=self.resolver_backend)
         # the newest token of a real row always gets a slot: its absolute row in two ops
-        rows = torch.add(a.slots[:, 0], groups, alpha=self.cfg.hot_slots_per_request).add_(self.slots.hot_base(layer))
-        return torch.where(a.slots[:, 0] >= 0, rows, -1) if padded else rows
+        local = torch.add(a.slots[:, 0], groups, alpha=self.cfg.hot_slots_per_request)
+        out = []
+        for layer in layers:
+            rows = local + self.slots.hot_base(layer)
+            out.append(torch.where(a.slots[:, 0] >= 0, rows, -1) if padded else rows)
+        return out
 
     def admit(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,
               validate: bool = True) -> None:
@@ -599,6 +691,7 @@ class LatentStore:
         are not copied again). Static shapes, no host read: a speculative step on CUDA runs this
         every layer."""
         self._check_layer(layer)
+        self._check_ungrouped(layer, "admit_from_host (MTP verify)", None)
         reqs = reqs.to(self.device, torch.int64)
         seq_lens = seq_lens.to(self.device, torch.int64)
         positions = positions.to(self.device, torch.int64)
@@ -611,7 +704,7 @@ class LatentStore:
         if self.trace is not None:
             self.trace.touch(layer, reqs, seq_lens, positions)
         groups = self.groups_of(reqs)
-        a = assign(self.hot, layer, groups, seq_lens, positions, backend=self.resolver_backend)
+        a = assign(self.hot, self._table[layer], groups, seq_lens, positions, backend=self.resolver_backend)
         dst = self._hot_abs(layer, groups, a.slots)
         src = req_to_host.to(self.device)[reqs.unsqueeze(1), positions.clamp(min=0)]
         moved = a.miss
@@ -638,7 +731,7 @@ class LatentStore:
             "host_tokens_used": self.host.used_tokens if host_tokens_used is None else host_tokens_used,
             "host_tokens_capacity": self.host.capacity_tokens,
             "hot_requests_open": self.open_requests,
-            "hot_slots_used": self.hot.used_slots(),
+            "hot_slots_used": self._used_slots(),
             "hot_slots_capacity": self.cfg.num_layers * self.cfg.hot_slots_total,
             "host_bytes": self.cfg.host_bytes,
             "device_bytes": self.cfg.device_bytes,
@@ -647,6 +740,23 @@ class LatentStore:
         }
 
     # --- internals -----------------------------------------------------------------------
+    def _used_slots(self) -> int:
+        """Occupied (layer, hot buffer, slot) triples: a group's table counts once per layer."""
+        if not self._grouped:
+            return self.hot.used_slots()
+        per_table = (self.hot.slot_to_token >= 0).sum(dim=(1, 2)).tolist()
+        return sum(per_table[t] for t in self._table)
+
+    def _check_ungrouped(self, layer: int, what: str, instead: str | None) -> None:
+        """Refuse a per-layer call on a layer that shares its slot table with other layers."""
+        if self._grouped and len(self.cfg.group_layers(self.cfg.anchors[layer])) > 1:
+            fix = (f"use {instead}({self.cfg.anchors[layer]}, ...) at its anchor" if instead else
+                   "this path is not implemented for shared-index layers (speculative decoding / MTP with "
+                   "GLM-5.2-style indexer_types 'shared'); serve without --speculative-algorithm")
+            raise NotImplementedError(f"{what} on layer {layer}: it shares its LRU slot table with layers "
+                                      f"{self.cfg.group_layers(self.cfg.anchors[layer])} (shared-index layers, "
+                                      f"StoreConfig.layer_anchors); {fix}")
+
     def _submit(self, plan: CopyPlan) -> Ticket:
         """Plans carry one entry per (request, top-k entry), -1 where nothing moves (static shapes
         for device engines); an engine in another process gets only the live entries (a host sync

@@ -141,7 +141,7 @@ def assumptions(cfg, prof: OpProfile) -> list[str]:
         f"op profile {prof.name} ({'measured tables' if prof.tables else 'published kernel figures'}); "
         f"{kernel_overhead_for(prof, d.cuda_graph):.2f} us per kernel launch (published); kernel time x "
         f"{kernel_scale_for(prof):.3f} (fitted on DeepSeek's decode deployment); {const('non_cache_reserve_GB')} GB "
-        f"non-cache reserve per GPU (fitted on the paper's batch-52 memory fact)",
+        f"non-cache reserve per GPU (SGLang's reserve floor, not fitted)",
         f"host->GPU {h2d_bytes_per_s(cfg.ess, hw) / GB:.1f} GB/s ({cfg.ess.transfer}); misses from exact LRU over a "
         f"synthetic locality trace (priors in data/constants.json); warmup {'on' if cfg.ess.warmup else 'off'}",
         "accuracy: see `python -m sgl_ess.sim validate` (errors on the paper's held-out points)",

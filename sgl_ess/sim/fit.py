@@ -1,4 +1,4 @@
-"""The fit: one step-time constant, solved on ONE measured deployment; one capacity constant.
+"""The fit: one step-time constant, solved on ONE measured deployment; nothing else is fitted.
 
 - kernel_time_scale: how much longer GPU kernels run inside a whole decode step than their published
   stand-alone figures. Solved (bisection; the step grows monotonically with it) so the simulated step
@@ -6,9 +6,9 @@
   DeepSeek-V3, H800, EP128, 128 requests per GPU, 4K, 2,324 tok/s per GPU). No ESS-paper number is
   read for it: the paper's Table 2 (itself simulated) is held out entirely, row 1 included. The launch
   gap per kernel is not fitted: it is a published figure (launches.py).
-- non_cache_reserve_GB: "memory stops the batch at 52" (ESS.md section 1) means 52 requests fit at
-  r = 1.0 and 53 do not. That bounds the reserve to an interval; we take its midpoint. A capacity fact
-  (GPU memory), not a throughput point: row 1's throughput stays held out.
+- non_cache_reserve_GB is NOT fitted: it is SGLang's own reserve floor (data/constants.json names the
+  code). `fit_reserve` only reports the interval the paper's "memory stops the batch at 52" (ESS.md
+  section 1) would imply, next to the held-out memory point in validate.
 """
 from __future__ import annotations
 
@@ -124,10 +124,9 @@ def fit_reserve() -> ReserveFit:
 
 
 def fitted_now() -> dict[str, float]:
-    """Both fitted constants recomputed from scratch for the shipped profile."""
+    """The fitted constant recomputed from scratch for the shipped profile."""
     with overridden():
-        return {"kernel_time_scale": fit_kernel_scale(OpProfile.load()),
-                "non_cache_reserve_GB": fit_reserve().value_gb}
+        return {"kernel_time_scale": fit_kernel_scale(OpProfile.load())}
 
 
 def write_constants(values: dict[str, float]) -> Path:
@@ -146,8 +145,7 @@ def headline_rows() -> list[dict]:
 
 def stored_fit() -> dict[str, float]:
     c = all_constants()
-    return {"kernel_time_scale": c["kernel_time_scale"]["value"],
-            "non_cache_reserve_GB": c["non_cache_reserve_GB"]["value"]}
+    return {"kernel_time_scale": c["kernel_time_scale"]["value"]}
 
 
 def share_of_step(res) -> float:

@@ -2,8 +2,8 @@
 whether the published number is itself a simulation, whether the model claims to cover it, and its error.
 
 Calibrated on (fit.py): DeepSeek's measured decode deployment (DeepSeek-V3, H800, EP128, 128 requests
-per GPU, 4K: 2,324 tok/s per GPU) for the step time, and the paper's "batch 52 is the largest that fits"
-for the GPU reserve (a capacity fact). Held out and predicted here:
+per GPU, 4K: 2,324 tok/s per GPU) for the step time; nothing else is fitted (the GPU reserve is SGLang's
+own floor). Held out and predicted here:
 - the ESS paper (arXiv 2512.10576): Table 2 rows 1 and 2 and their gain, Figure 1 (batches 128, 256,
   320), the +123% gain at 128K, section 3's exposed transfer (675 / 423 / 155 us), the batch-160 memory
   fact. The paper's throughputs come from its own simulator (it says so), so they are simulations;
@@ -13,6 +13,13 @@ for the GPU reserve (a capacity fact). Held out and predicted here:
 Errors are (simulated / published - 1) for throughput, times and batches, and simulated - published
 percentage points for gains. The goal on covered points: 10% on throughput, 10 points on gain. Nothing
 here feeds back into any constant.
+
+What the model claims to cover (a rule fixed before the errors, applied to every row alike): a point
+it can run at the published operating point whose published number is a measurement, or arithmetic of
+published shapes and memory (the paper's two batch-fits facts). The paper's throughputs, gains and
+overlap times are outputs of the paper's own simulator (it reports no measurement); they are reference
+rows: simulated and shown with their errors, not claimed, and each says what differs (for throughput:
+the paper's step time against this model's, per step).
 """
 from __future__ import annotations
 
@@ -91,6 +98,19 @@ def section3(prof: OpProfile, strategies=("none", "da", "dba")) -> dict[str, flo
     return {s: overlap(s, t, ko).exposed_us for s in strategies}
 
 
+SIM_ONLY = ("a number of the paper's own simulator (the paper reports no measurement); its step model is not "
+            "published, so a difference cannot be attributed or checked")
+
+
+def _step_reason(batch: int, accept: float, published_tps: float, res: StepResult) -> str:
+    """The paper's step time (from its throughput) against this model's, for a throughput reference row."""
+    gpn = res.cfg.deploy.gpus_per_node
+    paper_ms = 1e3 * batch * accept * gpn / published_tps
+    ours = res.step_us / 1e3
+    return (f"{SIM_ONLY}: the paper's step {paper_ms:.1f} ms vs this model's {ours:.1f} ms "
+            f"({ours - paper_ms:+.1f} ms per step)")
+
+
 def _paper_checks(prof: OpProfile, flag: str) -> list[Check]:
     pub = published()
     row1, row2 = pub["table2_calibration_rows"][:2]
@@ -100,11 +120,14 @@ def _paper_checks(prof: OpProfile, flag: str) -> list[Check]:
     run = f"python -m sgl_ess.sim run --batch 52,160 --ratio 1.0,0.21 --no-fit-check{flag}"
     t2 = f"{PAPER} Table 2"
     out.append(Check("Table 2 row 1: 32K MTP 2, batch 52, r=1.0", "throughput", row1["tokens_per_s"],
-                     r1.tokens_per_s_per_node, "tok/s/node", run, t2, True))
+                     r1.tokens_per_s_per_node, "tok/s/node", run, t2, True, False,
+                     _step_reason(row1["batch"], row1["accept"], row1["tokens_per_s"], r1)))
     out.append(Check("Table 2 row 2: 32K MTP 2, batch 160, r=0.21", "throughput", row2["tokens_per_s"],
-                     r2.tokens_per_s_per_node, "tok/s/node", run, t2, True))
+                     r2.tokens_per_s_per_node, "tok/s/node", run, t2, True, False,
+                     _step_reason(row2["batch"], row2["accept"], row2["tokens_per_s"], r2)))
     out.append(Check("Table 2 gain, row 2 over row 1", "gain", 100 * (row2["tokens_per_s"] / row1["tokens_per_s"] - 1),
-                     100 * (r2.tokens_per_s_per_node / r1.tokens_per_s_per_node - 1), "%", run, t2, True))
+                     100 * (r2.tokens_per_s_per_node / r1.tokens_per_s_per_node - 1), "%", run, t2, True, False,
+                     f"{SIM_ONLY}: the ratio of the two simulated rows above"))
     for pt in pub["figure1_throughput_vs_batch_32k_mtp2_unconstrained_memory"]:
         if pt["batch"] == row1["batch"]:
             continue           # the same point as Table 2 row 1
@@ -112,21 +135,27 @@ def _paper_checks(prof: OpProfile, flag: str) -> list[Check]:
         out.append(Check(f"Figure 1: 32K MTP 2, batch {pt['batch']}, no offload", "throughput", pt["tokens_per_s"],
                          res.tokens_per_s_per_node, "tok/s/node",
                          f"python -m sgl_ess.sim run --batch {pt['batch']} --no-fit-check{flag}",
-                         f"{PAPER} Figure 1 (read off the plot)", True))
+                         f"{PAPER} Figure 1 (read off the plot)", True, False,
+                         _step_reason(pt["batch"], row1["accept"], pt["tokens_per_s"], res)))
     base = row_config({"context": 131072, "batch": 1})
     no = _largest(base, prof)
     ess = _largest(replace(base, ess=OffloadConfig(ratio=0.21)), prof)
     out.append(Check(f"128K gain: r=0.21 (batch {ess.cfg.work.batch}) vs no offload (batch {no.cfg.work.batch})",
                      "gain", float(pub["other_published"]["gain_128k_pct"]),
                      100 * (ess.tokens_per_s_per_node / no.tokens_per_s_per_node - 1), "%",
-                     f"python -m sgl_ess.sim plan --context 131072 --ratios 0.21{flag}", f"{PAPER} section 4", True))
+                     f"python -m sgl_ess.sim plan --context 131072 --ratios 0.21{flag}", f"{PAPER} section 4", True,
+                     False, f"{SIM_ONLY}; the paper does not give the batches of either side"))
     ref = pub["section3_overlap_overhead_us"]
     for s, us in section3(prof).items():
         out.append(Check(f"Section 3: 128K, 80/micro-batch, 512 misses, {s}", "overlap", ref[s], us, "us",
-                         "python -m sgl_ess.sim validate", f"{PAPER} section 3", True))
-    fit160 = r2.memory.max_batch
-    out.append(Check("Memory: largest batch at 32K, r=0.21 (paper runs 160)", "memory", row2["batch"], fit160,
-                     "requests", "python -m sgl_ess.sim run --batch 160 --ratio 0.21", t2, True))
+                         "python -m sgl_ess.sim validate", f"{PAPER} section 3", True, False,
+                         f"{SIM_ONLY}: an exposed-transfer time of its simulated layer; no measured per-layer "
+                         f"overlap time is published"))
+    out.append(Check("Memory: largest batch at 32K, r=1.0 (paper: memory stops it at 52)", "memory", row1["batch"],
+                     r1.memory.max_batch, "requests", "python -m sgl_ess.sim run --batch 52 --ratio 1.0",
+                     f"{PAPER} Table 2 and section 1", True))
+    out.append(Check("Memory: largest batch at 32K, r=0.21 (paper runs 160)", "memory", row2["batch"],
+                     r2.memory.max_batch, "requests", "python -m sgl_ess.sim run --batch 160 --ratio 0.21", t2, True))
     return out
 
 

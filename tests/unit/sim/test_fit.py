@@ -56,9 +56,11 @@ def test_stored_fitted_constants_are_current():
     assert fitmod.stored_fit() == fitmod.fitted_now()
 
 
-def test_every_constant_is_documented_and_only_two_are_fitted():
+def test_every_constant_is_documented_and_only_one_is_fitted():
     consts = all_constants()
-    assert {k for k, v in consts.items() if v["kind"] == "fitted"} == {"kernel_time_scale", "non_cache_reserve_GB"}
+    assert {k for k, v in consts.items() if v["kind"] == "fitted"} == {"kernel_time_scale"}
+    # the GPU reserve is SGLang's floor on a > 60 GiB GPU (10 GiB) + DeepEP's decode-graph buffers (2 GiB)
+    assert consts["non_cache_reserve_GB"]["value"] == round(12 * 1024 ** 3 / 1e9, 3)
     assert "kernel_overhead_us" not in consts             # the launch gap is a published figure now
     for name, v in consts.items():
         assert v["kind"] in ("paper", "prior", "fitted", "published") and v["source"] and v["meaning"] and v["unit"], name
@@ -75,8 +77,12 @@ def test_validation_covers_every_held_out_point_and_names_sources():
     assert all(r.reason for r in rows if not r.covered)                          # every uncovered point says why
     assert any("HiSparse" in r.point for r in rows) and any("DeepSeek-V3 production" in r.point for r in rows)
     assert all(r.published != 2324 for r in rows)                                # the calibration point is not held out
+    # the coverage rule: a covered row is a measurement, or a memory fact (arithmetic of shapes and memory)
+    assert all(not r.simulated_source or r.metric == "memory" for r in rows if r.covered)
+    assert all(not r.covered for r in rows if r.simulated_source and r.metric != "memory")
+    assert any(r.point.startswith("Memory: largest batch at 32K, r=1.0") and r.covered for r in rows)
     w = worst(rows)
-    assert set(w) == {"throughput", "gain", "overlap", "memory"}
+    assert set(w) == {r.metric for r in rows if r.covered and r.simulated is not None}
     for metric, c in w.items():
         assert c.covered
         assert abs(c.error) == max(abs(r.error) for r in rows if r.metric == metric and r.covered)

@@ -52,8 +52,9 @@ def test_max_batch_hand_case():
     assert rep.max_batch == math.floor(budget / (788 * 62 * 32768))
 
 
-def test_fitted_reserve_makes_52_the_largest_batch_at_r1():
-    # the reserve is fitted on row 1 alone: any value in its interval gives exactly 52 at r = 1.0, 32K
+def test_reserve_interval_implied_by_the_paper_makes_52_the_largest_batch_at_r1():
+    # validate reports the interval the paper's "batch 52 fits at r = 1.0, 32K" implies (not used as the reserve):
+    # any value in it gives exactly 52
     from sgl_ess.sim.fit import fit_reserve
     hw, d, w = get_hardware("h200"), DeploymentConfig(), WorkloadConfig(batch=52)
     r = fit_reserve()

@@ -22,13 +22,17 @@ from sgl_ess.sim.launch_flags import launch_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 NODE = ["--ess-explain", "--ess-explain-device", "cuda:8:141:4096"]
-TINY = {"deepseek_v32_exp": TINY_DSV32_DIR, "glm_5_2": os.path.join(os.path.dirname(TINY_DSV32_DIR), "tiny_glm5")}
+MODELS = os.path.dirname(TINY_DSV32_DIR)
+TINY = {"deepseek_v32_exp": TINY_DSV32_DIR, "glm_5_2": os.path.join(MODELS, "tiny_glm5"),
+        "longcat_flash_dsa": os.path.join(MODELS, "tiny_longcat")}
 
 # (model, serving layout, batch per GPU, ratio, context)
 CASES = {
     "v32_dp8_fp8": ("deepseek_v32_exp", ServingLayoutConfig(kv_cache_dtype="fp8_e4m3"), 54, 0.1, 32768),
     "glm52_tp8_bf16_shared": ("glm_5_2", ServingLayoutConfig(tp=8, kv_cache_dtype="bf16", share_host_pool="shared"),
                               6, 0.25, 131072),
+    # LongCat-Flash: two attention sub-layers per decoder layer, so the host pool has 2 x 28 layers
+    "longcat_dp8_fp8": ("longcat_flash_dsa", ServingLayoutConfig(kv_cache_dtype="fp8_e4m3"), 16, 0.2, 65536),
 }
 
 
@@ -37,6 +41,8 @@ def real_config(model: str) -> dict:
         cfg = json.load(fh)
     real = load_data(f"model_{model}.json")
     out = {k: real.get(k, v) for k, v in cfg.items()}
+    if "num_layers" in cfg:                      # LongcatFlashConfig's own name for num_hidden_layers
+        out["num_layers"] = real["num_hidden_layers"]
     if "indexer_types" in cfg:
         m = ModelSpec.load(model)
         out["indexer_types"] = ["full" if m.is_anchor(i) else "shared" for i in range(m.num_layers)]
@@ -72,9 +78,9 @@ def _bytes(pattern: str, text: str) -> int:
 def test_plan_flags_give_the_same_numbers_as_ess_explain(runs, name):
     lp, rep, rc, out, err = runs[name]
     assert rc == 0, err[-3000:]
-    model = CASES[name][0]
-    m = ModelSpec.load(model)
-    assert f"{m.num_layers} layers, latent row {rep.row_bytes} B" in out         # the same geometry and row
+    m = ModelSpec.load(CASES[name][0])
+    assert rep.layers == m.num_layers * m.attention_sublayers
+    assert f"{rep.layers} layers, latent row {rep.row_bytes} B" in out          # the same geometry and row
     assert _bytes(r"host pool per node: [0-9.]+ GB \((\d+) B\)", out) == lp.host_bytes_per_node
     assert _bytes(r"= (\d+) host pool\(s\) per node", out) == lp.pools_per_node
     assert _bytes(r"host pool per pool: (\d+) tokens", out) == lp.tokens_per_pool
@@ -84,7 +90,8 @@ def test_plan_flags_give_the_same_numbers_as_ess_explain(runs, name):
 
 
 def test_the_cases_differ_where_the_layouts_do():
-    """Not one number checked twice: the cases cover shared and per-rank pools, fp8 and bf16 rows."""
+    """Not one number checked thrice: the cases cover shared and per-rank pools, fp8 and bf16 rows, and a
+    model with two attention layers per decoder layer."""
     reps = {}
     for name, (model, serving, batch, ratio, ctx) in CASES.items():
         reps[name] = host_pool_report(serving, DeploymentConfig(model=model, nodes=1, ep=8), batch * ctx, "")
@@ -92,3 +99,4 @@ def test_the_cases_differ_where_the_layouts_do():
     assert reps["v32_dp8_fp8"].for_sharing(reps["v32_dp8_fp8"].chosen).pools_per_node == 8
     assert reps["glm52_tp8_bf16_shared"].layers == 78
     assert reps["glm52_tp8_bf16_shared"].for_sharing("shared").pools_per_node == 1
+    assert reps["longcat_dp8_fp8"].layers == 56

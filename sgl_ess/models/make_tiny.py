@@ -11,7 +11,12 @@
 The generated files ship in the package (``sgl_ess/models/tiny_*/``); serving never
 regenerates them. Re-run only to change a model:
 
-    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|longcat] [OUT_DIR]
+    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|longcat] [--latent tiny|h200] [OUT_DIR]
+
+``--latent h200`` writes the same model with DeepSeek-V3.2's own latent width, kv_lora_rank 512 +
+rope 64 (default directory ``tiny_<model>_h200``): the only width FlashMLA's FP8 KV rows (656 bytes)
+and SGLang's FP8 quantizer take, so the GPU fake can serve an H200's default configuration
+(``--kv-cache-dtype fp8_e4m3``, ``flashmla_kv``). Layers, heads and everything else stay tiny.
 
 Architecture (``DeepseekV32ForCausalLM``): MLA latent (kv_lora_rank 64 + rope 16), a
 lightning indexer per layer (4 heads x 128 dims, top-k 32), MoE (8 routed experts, 2
@@ -132,6 +137,9 @@ LONGCAT_CONFIG.update(
     rms_norm_eps=1e-5,
 )
 CONFIGS["longcat"] = ("tiny_longcat", LONGCAT_CONFIG)
+# --latent: the MLA latent width. "h200": DeepSeek-V3.2's 512 NoPE + 64 RoPE values, what FlashMLA's FP8
+# rows hold (512 FP8 codes + 4 fp32 scales + 64 bf16 = 656 bytes)
+LATENTS = {"tiny": {}, "h200": {"kv_lora_rank": 512, "qk_rope_head_dim": 64}}
 
 
 def _training_files(limit: int = 300) -> list[str]:
@@ -192,9 +200,13 @@ def main(argv: list[str]) -> None:
 
     p = argparse.ArgumentParser(prog="python -m sgl_ess.models.make_tiny")
     p.add_argument("--model", choices=sorted(CONFIGS), default="dsv32")
-    p.add_argument("out_dir", nargs="?", default=None, help="default: sgl_ess/models/tiny_<model>")
+    p.add_argument("--latent", choices=sorted(LATENTS), default="tiny",
+                   help="latent width: tiny (64 + 16) or h200 (DeepSeek-V3.2's 512 + 64, FlashMLA's FP8 rows)")
+    p.add_argument("out_dir", nargs="?", default=None, help="default: sgl_ess/models/tiny_<model>[_h200]")
     a = p.parse_args(argv)
     name, config = CONFIGS[a.model]
+    if a.latent != "tiny":
+        name, config = f"{name}_{a.latent}", dict(config, **LATENTS[a.latent])
     out = a.out_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     write_model(out, config)
     print("wrote", out)

@@ -8,7 +8,9 @@ MLA (tests/integration/_cuda_fake.flash_mla_stub, reading FP8 rows by FlashMLA's
 fp32 torch attention -> float64 (both as the CPU path accumulates, so outputs compare exactly), SGLang's
 FP8 quantizer (Triton) -> its formula in torch, FlashAttention's varlen MHA -> torch, SGLang's
 get_device_sm -> 90,
-its seqlens Triton kernel -> torch, our Triton decode -> its torch reference, the device capability
+its seqlens Triton kernel -> torch, the CPU platform's refusal of an FP8 MLA KV cache
+(KVCacheConfigurator.configure asks current_platform.is_cpu()) -> an H200's answer (not a CPU),
+our Triton decode -> its torch reference, the device capability
 -> (9, 0), the stream runtime -> the late double; and the CPU graph runner's padding value (a method
 SGLang asks of backends on a CPU device) answered by the class's CUDA one. Python runs sitecustomize at start, so SGLang's
 spawned processes (scheduler, detokenizer) get the same fakes; each is installed right after the
@@ -76,6 +78,30 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
         # prefill dispatch (set_dsa_prefill_impl: MHA one-shot for short prompts) decides as on sm_90
         mod.get_device_sm = lambda: 90
 
+    class _PlatformAsH200In:
+        """SGLang's ``current_platform`` as one function sees it on an H200: ``is_cpu()`` asked directly
+        by `function` answers False, as a GPU platform does; every other attribute, and is_cpu() of
+        every other caller, is the real (CPU) platform's."""
+
+        def __init__(self, platform, function: str):
+            self._platform, self._function = platform, function
+
+        def is_cpu(self) -> bool:
+            if sys._getframe(1).f_code.co_name == self._function:
+                return False
+            return self._platform.is_cpu()
+
+        def __getattr__(self, name):
+            return getattr(self._platform, name)
+
+    def _kv_cache_configurator(mod):
+        # SGLang's CPU platform refuses an FP8 KV cache for MLA at the top of KVCacheConfigurator.configure
+        # ("CPU FP8 KV cache is only supported for MHA": current_platform.is_cpu() there); an H200 has no
+        # such guard, so the question asked by configure() itself is answered as on a GPU (not a CPU).
+        # Every other caller of this module's current_platform (the MHA quant method, the pool class
+        # table) still gets the CPU platform's answers.
+        mod.current_platform = _PlatformAsH200In(mod.current_platform, "configure")
+
     def _flash_mla_stub(mod):
         from tests.integration._cuda_fake import FLASH_MLA_MODULE, flash_mla_stub
 
@@ -84,6 +110,7 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
     _PATCHES = {"sglang.kernels.ops.attention": _flash_mla_stub,
                 "sglang.srt.layers.attention.dsa_backend": _dsa_backend,
                 "sglang.srt.mem_cache.memory_pool": _memory_pool,
+                "sglang.srt.mem_cache.kv_cache_configurator": _kv_cache_configurator,
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
                 "sgl_ess.store.latent_store": _latent_store,
                 "sgl_ess.integration.sglang.backends.cuda_backend": _cuda_backend,

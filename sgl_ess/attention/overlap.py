@@ -12,6 +12,10 @@
 `attend(q, slot_rows, slots) -> (out fp32 [T, h, R], lse fp32/fp64 [T, h])` is the device
 layer's sparse MLA kernel (torch reference on CPU, Triton / FlashMLA on CUDA); slots int32
 [T, k] are rows of `slot_rows`, -1 excluded. This module only decides what runs when.
+
+Learnable attention sinks (Hunyuan V4): an `attend` wrapped in `SinkAttend` computes each partial
+attention without the sink; `attend_step` adds the sink exactly once, to the (merged) attention of
+the whole step (reference.with_sink), so DA's two parts and the unsplit attention agree.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from sgl_ess.attention.reference import merge_lse
+from sgl_ess.attention.reference import merge_lse, with_sink
 from sgl_ess.config import OVERLAP_LEVELS as LEVELS   # defined once, with the flag
 from sgl_ess.store.step_plan import StepPlan
 
@@ -29,6 +33,18 @@ LAYER_MODES = ("none", "da", "dba")
 PROFILE_FORMAT = "sgl_ess.overlap_profile/1"
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class SinkAttend:
+    """An `Attend` whose attention has a learnable sink per head (float [h]). Calling it runs the
+    kernel without the sink (a partial attention); `attend_step` adds `sink` once, after the merge."""
+
+    def __init__(self, attend: Attend, sink: torch.Tensor):
+        self.attend = attend
+        self.sink = sink
+
+    def __call__(self, q, slot_rows, slots):
+        return self.attend(q, slot_rows, slots)
 
 
 @dataclass
@@ -116,7 +132,7 @@ def attend_step(store, step: StepPlan, q: torch.Tensor, attend: Attend, dual: bo
         note("wait", step)
         store.land(step)
         note("attn", step)
-        out, _ = attend(q, rows, step.read_slots)
+        out, lse = attend(q, rows, step.read_slots)
     else:
         note("attn0", step)
         o0, l0 = attend(q, rows, only(step.read_slots, ~step.staged))
@@ -124,7 +140,14 @@ def attend_step(store, step: StepPlan, q: torch.Tensor, attend: Attend, dual: bo
         store.land(step)
         note("attn1", step)
         o1, l1 = attend(q, rows, only(step.read_slots, step.staged))
-        out, _ = merge_lse(o0, l0, o1, l1)
+        out, lse = merge_lse(o0, l0, o1, l1)
+    sink = attend.sink if isinstance(attend, SinkAttend) else None
+    if sink is not None:
+        if lse is None:
+            raise RuntimeError("ESS: an attention with learnable sinks needs the kernel's log-sum-exp to add "
+                               "them once after the merge; this kernel returned none (pass the sink to a "
+                               "single-call kernel instead)")
+        out, _ = with_sink(out, lse, sink)
     store.commit(step)
     note("commit", step)
     return out

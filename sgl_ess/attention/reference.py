@@ -9,6 +9,9 @@ kv_lora_rank columns.
   slots:  int   [b, k]                  row indices into `rows`, -1 = padding (ignored)
   returns out float32 [b, heads, kv_lora_rank], lse float32 [b, heads] (natural log;
           -inf and out = 0 where a request selected nothing)
+
+Learnable attention sinks (Hunyuan V4): `with_sink` adds them to a finished attention's (out, lse);
+the model's own definition, written without our path, is sgl_ess.attention.sink_reference.
 """
 from __future__ import annotations
 
@@ -44,6 +47,20 @@ def merge_lse(o0: torch.Tensor, lse0: torch.Tensor, o1: torch.Tensor, lse1: torc
     w0 = torch.exp(lse0 - lse).nan_to_num(0.0).unsqueeze(-1)
     w1 = torch.exp(lse1 - lse).nan_to_num(0.0).unsqueeze(-1)
     return o0 * w0 + o1 * w1, lse
+
+
+def with_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor | None):
+    """Count a learnable per-head sink logit (Hunyuan V4's ``learnable_sink_param``) in the softmax
+    denominator of an attention given as (out [b, h, r], lse [b, h]) over its whole key set:
+    out * e^lse / (e^lse + e^sink), lse -> log(e^lse + e^sink). sink float [h] (None: unchanged). Apply
+    it exactly once, after any log-sum-exp merge of partial attentions (a sink counted in each part
+    would be counted twice). A request that selected nothing keeps out = 0 and lse = -inf."""
+    if sink is None:
+        return out, lse
+    s = sink.to(device=lse.device, dtype=lse.dtype).reshape(1, -1).expand_as(lse)
+    total = torch.logaddexp(lse, s)
+    w = torch.exp(lse - total)                       # 0 where lse = -inf
+    return out * w.unsqueeze(-1).to(out.dtype), torch.where(torch.isneginf(lse), lse, total)
 
 
 def split_sparse_mla_decode(q, rows, slots, hit, layout: LatentLayout, sm_scale: float):

@@ -13,6 +13,11 @@ results up to fp32 summation order):
   slots:  int32/int64 [T, k]             row indices into `rows`, -1 = padding
   mask:   optional bool [T, k]           keep only these entries (the DA split: two calls with
                                          complementary masks, merged by `merge_lse`)
+  sink:   optional float [h]             learnable per-head sink logits (Hunyuan V4): counted in
+                                         each head's softmax denominator, exp(sink_h) next to the
+                                         selected rows' exp(score); out and lse then include it. Pass
+                                         it only to a call over the whole key set (never to DA's two
+                                         masked calls: their merge adds it once, reference.with_sink)
   returns out fp32 [T, h, kv_lora_rank], lse fp32 [T, h] (natural log; -inf and out = 0 where a
           token selected nothing)
 
@@ -45,13 +50,13 @@ def _fp8_e4m3_to_f32(b):
 
 
 @triton.jit
-def _sparse_mla_decode_kernel(q_ptr, nope_ptr, rope_ptr, scale_ptr, slots_ptr, mask_ptr,
+def _sparse_mla_decode_kernel(q_ptr, nope_ptr, rope_ptr, scale_ptr, slots_ptr, mask_ptr, sink_ptr,
                               out_ptr, lse_ptr, sm_scale, H,
                               stride_qt, stride_qh, nope_stride, rope_stride, rope_off,
                               scale_stride, scale_off,
                               K: tl.constexpr, R: tl.constexpr, ROPE: tl.constexpr, R_PAD: tl.constexpr,
                               ROPE_PAD: tl.constexpr, KIND: tl.constexpr, TILE: tl.constexpr,
-                              HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr,
+                              HAS_MASK: tl.constexpr, HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr,
                               BLOCK_KV: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
@@ -97,6 +102,11 @@ def _sparse_mla_decode_kernel(q_ptr, nope_ptr, rope_ptr, scale_ptr, slots_ptr, m
         acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
         m_i = m_new
     has = l_i > 0
+    if HAS_SINK:
+        # the sink joins the denominator: l_i (relative to m_i) + exp(sink - m_i); no value
+        sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32)
+        m_safe = tl.where(has, m_i, sink)
+        l_i = tl.where(has, l_i + tl.exp(sink - m_safe), l_i)
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     o_row = out_ptr + (t * H + heads[:, None]) * R + cr[None, :]
@@ -106,7 +116,7 @@ def _sparse_mla_decode_kernel(q_ptr, nope_ptr, rope_ptr, scale_ptr, slots_ptr, m
 
 def sparse_mla_decode_triton(q: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
                              layout: LatentLayout, sm_scale: float,
-                             mask: torch.Tensor | None = None, block_h: int = 16,
+                             mask: torch.Tensor | None = None, sink: torch.Tensor | None = None, block_h: int = 16,
                              block_kv: int = 16, num_warps: int = 8):
     """See the module docstring. All tensors on one device (CUDA, or CPU under
     TRITON_INTERPRET=1). No host sync; allocates only the outputs (CUDA-graph capturable)."""
@@ -147,11 +157,15 @@ def sparse_mla_decode_triton(q: torch.Tensor, rows: torch.Tensor, slots: torch.T
     if mask is not None and mask.shape != slots.shape:
         raise ValueError(f"sparse_mla_decode_triton: mask must match slots {list(slots.shape)}, got "
                          f"{list(mask.shape)}")
+    if sink is not None and (sink.dim() != 1 or sink.shape[0] != h):
+        raise ValueError(f"sparse_mla_decode_triton: sink must be [heads={h}], got {list(sink.shape)}")
+    sink_arg = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else lse
     grid = (t_tokens, triton.cdiv(h, block_h))
     _sparse_mla_decode_kernel[grid](
-        q, nope, rope_v, scales, slots, mask_arg, out, lse, float(sm_scale), h,
+        q, nope, rope_v, scales, slots, mask_arg, sink_arg, out, lse, float(sm_scale), h,
         q.stride(0), q.stride(1), nope_stride, rope_stride, rope_off, scale_stride, scale_off,
         K=k, R=r, ROPE=rope, R_PAD=max(16, triton.next_power_of_2(r)),
         ROPE_PAD=max(16, triton.next_power_of_2(rope)), KIND=_KINDS[layout.kind], TILE=FP8_TILE,
-        HAS_MASK=mask is not None, BLOCK_H=block_h, BLOCK_KV=block_kv, num_warps=num_warps)
+        HAS_MASK=mask is not None, HAS_SINK=sink is not None, BLOCK_H=block_h, BLOCK_KV=block_kv,
+        num_warps=num_warps)
     return out, lse

@@ -77,9 +77,12 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "inside attention (exact, not yet checked against ESS off)"),
     ModelFamily(
         "Hunyuan V4", ("HYV4ForCausalLM",), ("HYV4ForCausalLMNextN",), "hunyuan_v4.py",
-        adds=frozenset({SINKS}),
-        refused="its attention has learnable sinks (HYV4Attention.learnable_sink_param), which no ESS attention "
-                "path implements yet (issue 34 item 4)"),
+        adds=frozenset({SINKS, SHARED_TOPK}), ess_implements=frozenset({SINKS, SHARED_TOPK}),
+        checked="embedded tiny_hyv4 (3 layers, the last shared-index): ESS on == off at server level; its learnable "
+                "sinks in every ESS attention path (CPU prefill / decode / DA merge / MTP verify, the Triton "
+                "decode under the interpreter) against a reference written from the model's definition, each "
+                "failing with the sink dropped. FlashMLA's attn_sink on the CUDA class: passed through, not run "
+                "on a GPU"),
     ModelFamily(
         "LongCat-Flash (sparse attention)", ("LongcatFlashForCausalLM",), ("LongcatFlashForCausalLMNextN",),
         "longcat_flash.py", adds=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}),

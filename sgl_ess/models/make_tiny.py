@@ -6,12 +6,14 @@
               layer (``indexer_types`` all "full": GLM-5.2's shared-index layers are not in it);
   tiny_longcat LongCat-Flash with sparse attention (``LongcatFlashForCausalLM``): 2 decoder layers of
               two attention sub-layers each (4 latent layers), cli_factor 2 (shared top-k), zero
-              experts off (SGLang's zero-expert kernel is Triton: not on CPU).
+              experts off (SGLang's zero-expert kernel is Triton: not on CPU);
+  tiny_hyv4   Hunyuan V4 (``HYV4ForCausalLM``): the same sizes with HYV4's learnable attention sinks,
+              output gate and iHC streams, 3 layers, the last a shared-index layer.
 
 The generated files ship in the package (``sgl_ess/models/tiny_*/``); serving never
 regenerates them. Re-run only to change a model:
 
-    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|longcat] [--latent tiny|h200] [OUT_DIR]
+    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|hyv4|longcat] [--latent tiny|h200] [OUT_DIR]
 
 ``--latent h200`` writes the same model with DeepSeek-V3.2's own latent width, kv_lora_rank 512 +
 rope 64 (default directory ``tiny_<model>_h200``): the only width FlashMLA's FP8 KV rows (656 bytes)
@@ -105,7 +107,32 @@ GLM5_CONFIG = dict(
     indexer_types=["full", "full", "full"],
     rms_norm_eps=1e-5,
 )
-CONFIGS = {"dsv32": ("tiny_dsv32", MODEL_CONFIG), "glm5": ("tiny_glm5", GLM5_CONFIG)}
+# Hunyuan V4 (SGLang's HYV4Config / HYV4ForCausalLM, hunyuan_v4.py): the DSV3.2 tiny sizes with HYV4's
+# own parts: a learnable attention sink per head (learnable_sink), the elementwise output gate, iHC
+# hyper-connections (hc_mult streams), a default (non-yarn) rope given as rope_parameters, 3 layers whose
+# last reuses the previous layer's top-k (indexer_types "shared", as 3 of every 4 layers of the real model).
+HYV4_CONFIG = {
+    k: v for k, v in MODEL_CONFIG.items()
+    if k not in ("rope_scaling", "rope_theta", "first_k_dense_replace", "moe_layer_freq", "n_group", "topk_group",
+                 "scoring_func", "topk_method", "ep_size", "aux_loss_alpha", "seq_aux")
+}
+HYV4_CONFIG.update(
+    architectures=["HYV4ForCausalLM"],
+    model_type="hy_v4",
+    num_hidden_layers=3,
+    mlp_layer_types=["dense", "sparse", "sparse"],
+    layer_types=["deepseek_sparse_attention"] * 3,
+    indexer_types=["full", "full", "shared"],
+    rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+    rms_norm_eps=1e-5,
+    enable_lm_head_fp32=True,
+    enable_ihc=True, hc_mult=4, hc_magnitude=2.0, hc_eps=1e-6,
+    gated_mla=True, gating_type="elementwise",
+    learnable_sink=True, learnable_sink_init=0.0,
+    swiglu_limit=10.0,
+)
+CONFIGS = {"dsv32": ("tiny_dsv32", MODEL_CONFIG), "glm5": ("tiny_glm5", GLM5_CONFIG),
+           "hyv4": ("tiny_hyv4", HYV4_CONFIG)}
 
 
 # LongCat-Flash with sparse attention (SGLang's LongcatFlashConfig / LongcatFlashForCausalLM,

@@ -21,7 +21,7 @@ CONFIGS = {
     "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "head_dim": 16, "vocab_size": 2048},
-    "hyv4": None,            # the tiny DSV3.2 config under Hunyuan V4's architecture (sinks)
+    "dsv3": None,            # the tiny DSV3.2 config under DeepSeek-V3's architecture (DSA, never run with ESS)
 }
 
 
@@ -33,7 +33,7 @@ def _model(tmp_path, name):
     cfg = CONFIGS[name]
     if cfg is None:
         with open(os.path.join(TINY_DSV32_DIR, "config.json")) as fh:
-            cfg = dict(json.load(fh), architectures=["HYV4ForCausalLM"], model_type="hy_v4")
+            cfg = dict(json.load(fh), architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3")
     (d / "config.json").write_text(json.dumps(cfg))
     return str(d)
 
@@ -44,7 +44,7 @@ def _launch(*args):
 
 
 @pytest.mark.parametrize("name,arch,why", [("qwen3", "Qwen3ForCausalLM", "not a model family ESS knows"),
-                                           ("hyv4", "HYV4ForCausalLM", "learnable sinks")])
+                                           ("dsv3", "DeepseekV3ForCausalLM", "never been run")])
 def test_model_outside_the_table_exits_2_before_loading(tmp_path, name, arch, why):
     r = _launch("--model-path", _model(tmp_path, name), "--load-format", "dummy")
     assert r.returncode == 2, (r.returncode, r.stderr[-3000:])

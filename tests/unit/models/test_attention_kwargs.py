@@ -1,6 +1,7 @@
 """An attention feature ESS does not implement is an error, never a dropped keyword argument
 (backends/attention_kwargs.py): SGLang's DeepSeek MLA forward hands Hunyuan V4's learnable sinks to
-the backend as ``attn_sink``; both ESS backends took ``**kwargs`` and dropped it. The CUDA class is
+the backend as ``attn_sink``; both ESS backends took ``**kwargs`` and dropped it (both now implement it;
+other features are still refused). The CUDA class is
 checked in tests/integration/test_attention_kwargs_cuda.py (GPU fake)."""
 
 from types import SimpleNamespace
@@ -51,32 +52,50 @@ class _Batch:
 
 
 @pytest.mark.parametrize("phase", ["forward_extend", "forward_decode"])
-def test_cpu_backend_refuses_a_sink_before_attending(phase):
+def test_cpu_backend_refuses_an_unimplemented_feature_before_attending(phase):
     b = _backend()
     q = torch.zeros(2, H * (R + P))
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=H, scaling=1.0)
     call = getattr(b, phase)
-    with pytest.raises(NotImplementedError, match="attn_sink"):
+    with pytest.raises(NotImplementedError, match="return_lse=True"):
         call(q, None, None, layer, _Batch(), save_kv_cache=False, topk_indices=torch.zeros(2, 4, dtype=torch.int32),
-             attn_sink=torch.zeros(H))
-    # without the sink the same call goes on into the batch: the refusal above came from the check
-    with pytest.raises(_Reached):
-        call(q, None, None, layer, _Batch(), save_kv_cache=False, topk_indices=torch.zeros(2, 4, dtype=torch.int32))
+             return_lse=True)
+    # a sink is implemented (tests/unit/models/test_ess_backend_sinks.py); without the refused feature the
+    # same call goes on into the batch: the refusal above came from the check
+    for extra in ({"attn_sink": torch.zeros(H)}, {}):
+        with pytest.raises(_Reached):
+            call(q, None, None, layer, _Batch(), save_kv_cache=False,
+                 topk_indices=torch.zeros(2, 4, dtype=torch.int32), **extra)
 
 
 class _SinkAttention(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, layer_id=None):
         super().__init__()
-        self.learnable_sink_param = torch.nn.Parameter(torch.zeros(H))
+        self.learnable_sink_param = torch.nn.Parameter(torch.arange(H, dtype=torch.float32) + 10 * (layer_id or 0))
+        if layer_id is not None:
+            self.attn_mqa = SimpleNamespace(layer_id=layer_id)
 
 
-def test_a_model_with_learnable_sinks_is_refused_when_the_backend_is_built():
-    """On CPU SGLang hands ``attn_sink`` only to its absorbed-core backends, so the ``ess`` backend would
-    never see it: the model itself is checked (HYV4Attention.learnable_sink_param)."""
+def _model(*attns):
     model = torch.nn.Module()
-    model.layers = torch.nn.ModuleList([torch.nn.Module()])
-    model.layers[0].self_attn = _SinkAttention()
-    with pytest.raises(NotImplementedError, match=r"layers\.0\.self_attn \(_SinkAttention\).*sinks"):
-        _backend(model)
-    model.layers[0].self_attn.learnable_sink_param = None
-    _backend(model)
+    model.layers = torch.nn.ModuleList([torch.nn.Module() for _ in attns])
+    for layer, attn in zip(model.layers, attns):
+        layer.self_attn = attn
+    return model
+
+
+def test_the_backend_reads_each_layers_sink_from_the_model():
+    """On CPU SGLang hands ``attn_sink`` only to its absorbed-core backends, so the ``ess`` backend reads
+    the sinks from the model (HYV4Attention.learnable_sink_param, by its attn_mqa layer id)."""
+    model = _model(_SinkAttention(0), _SinkAttention(1))
+    b = _backend(model)
+    assert sorted(b.sinks) == [0, 1]
+    layer1 = SimpleNamespace(layer_id=1)
+    assert b.sink(layer1, {}) is model.layers[1].self_attn.learnable_sink_param
+    given = torch.ones(H)
+    assert b.sink(layer1, {"attn_sink": given}) is given            # a passed attn_sink wins
+    with pytest.raises(NotImplementedError, match="none for layer 2"):
+        b.sink(SimpleNamespace(layer_id=2), {})                      # never silently without its sink
+    assert _backend(_model(torch.nn.Module())).sink(layer1, {}) is None     # no sinks: none
+    with pytest.raises(NotImplementedError, match=r"layers\.0\.self_attn \(_SinkAttention\).*layer id"):
+        _backend(_model(_SinkAttention(None)))

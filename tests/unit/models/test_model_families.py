@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sgl_ess.models import TINY_DSV32_DIR, TINY_GLM5_DIR, families, make_tiny
+from sgl_ess.models import TINY_DSV32_DIR, TINY_GLM5_DIR, TINY_HYV4_DIR, families, make_tiny
 from sgl_ess.models.families import SHARED_TOPK, SINKS, ModelFacts, refusal
 
 pytest.importorskip("sglang")
@@ -52,7 +52,6 @@ def test_embedded_glm5_is_what_make_tiny_writes():
 @pytest.mark.parametrize("model_type,arch,named", [
     ("qwen3", "Qwen3ForCausalLM", "not a model family ESS knows"),
     ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepSeek-V4"),
-    ("hy_v4", "HYV4ForCausalLM", "learnable sinks"),
     ("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"),
 ])
 def test_models_outside_the_table_are_refused_with_what_is_supported(model_type, arch, named):
@@ -99,3 +98,24 @@ def test_the_table_agrees_with_sglangs_dsa_list():
     supported = [a for f in families.FAMILIES if f.supported for a in f.architectures]
     assert families.supported_text().count("ForCausalLM") == len(supported)
     assert {"DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "LongcatFlashForCausalLM"} <= set(supported)
+
+
+def test_hyv4_is_served_with_its_sinks_and_shared_index_layers():
+    """The embedded tiny_hyv4 (learnable sinks; its last layer reuses the previous top-k): served, both
+    features implemented (attention paths: tests/unit/attention/test_sinks.py and beside it)."""
+    facts = model_support.facts_of(_auto(TINY_HYV4_DIR))
+    assert facts.is_dsa and facts.architecture == "HYV4ForCausalLM", facts
+    assert SHARED_TOPK in facts.adds, facts
+    fam = families.family_of("HYV4ForCausalLM")
+    assert fam.supported and {SINKS, SHARED_TOPK} <= fam.adds <= fam.ess_implements, fam
+    assert refusal(facts) is None
+    model_support.check(_auto(TINY_HYV4_DIR))
+    assert "HYV4ForCausalLM" in families.supported_text()
+
+
+def test_embedded_hyv4_is_what_make_tiny_writes():
+    with open(f"{TINY_HYV4_DIR}/config.json") as fh:
+        shipped = json.load(fh)
+    assert shipped == dict(make_tiny.HYV4_CONFIG, bos_token_id=shipped["bos_token_id"],
+                           eos_token_id=shipped["eos_token_id"])
+    assert shipped["learnable_sink"] is True and shipped["indexer_types"][-1] == "shared"

@@ -6,13 +6,16 @@ SGLang's attention call (``RadixAttention.forward`` -> ``AttentionBackend.forwar
 TRT-LLM MLA), ``return_lse``, ... A backend that takes ``**kwargs`` and ignores them computes a
 different attention than the model defines, silently. Both ESS backends (``ess`` on CPU and the CUDA
 class when ESS is on) call ``refuse_unimplemented`` first: a keyword argument with a value (not None,
-not False) that the backend does not implement raises NotImplementedError naming it.
+not False) that the backend does not implement raises NotImplementedError naming it. Both implement
+``attn_sink`` (SINKS_IMPLEMENTED): the sink reaches every ESS attention path (store_forward.py).
 Owns no state.
 """
 
 from __future__ import annotations
 
 INACTIVE = (None, False)          # a feature switched off: nothing to implement
+ATTN_SINK = "attn_sink"           # learnable per-head sink logits (Hunyuan V4), float32 [H]
+SINKS_IMPLEMENTED = frozenset({ATTN_SINK})
 
 
 def refuse_unimplemented(kwargs: dict, backend: str, implemented: frozenset = frozenset()) -> None:

@@ -16,8 +16,12 @@ The math is the same gather + softmax on the same bytes in the same order (float
 accumulation, so DA's log-sum-exp merge rounds to the same bf16 output), so ESS on and off
 produce identical outputs.
 
-Attention keyword arguments it does not implement (``attn_sink``, ...) raise (attention_kwargs.py), and a
-model whose attention has learnable sinks is refused when the backend is built (model_support.py).
+Learnable attention sinks (Hunyuan V4): SGLang's MLA forward hands ``attn_sink`` only to its
+absorbed-core backends, never to this one, so the backend takes each layer's sink from the model
+(``HYV4Attention.learnable_sink_param``, by its attention layer id) when it is built, and uses an
+``attn_sink`` keyword when one is passed. Every path counts it: prefill and MTP verify in the one
+attention, decode once after the DA / DBA merge (store_forward.StoreForward.attend_slots). Other
+attention keyword arguments it does not implement raise (attention_kwargs.py).
 
 Torch path (CPU). On CUDA this backend is not used with ESS off (SGLang's ``dsa`` backend
 and kernels serve). With ESS on, the request lifecycle (open, warm, reserve, plan, land, commit,
@@ -33,11 +37,10 @@ import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sgl_ess.attention.reference import attend
+from sgl_ess.attention.reference import attend, with_sink
 
-from ..model_support import check_no_sinks
 from ..pools.pool_adapter import EssPoolAdapter
-from .attention_kwargs import refuse_unimplemented
+from .attention_kwargs import ATTN_SINK, SINKS_IMPLEMENTED, refuse_unimplemented
 from .query_layout import ROLE_TARGET, accepts_early_plans
 from .store_forward import StoreForward, check_write_positions  # noqa: F401 - re-exported for tests
 
@@ -45,16 +48,36 @@ from .store_forward import StoreForward, check_write_positions  # noqa: F401 - r
 ACC_DTYPE = torch.float64
 
 
-def sparse_mla(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, v_dim: int, scaling: float) -> torch.Tensor:
+def sparse_mla(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, v_dim: int, scaling: float,
+               sink: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed MLA over gathered latent rows (sgl_ess.attention.reference.attend, float64).
 
     q:     [T, H, D] latent query (D = R + P), any float dtype
     rows:  [T, k, D] gathered latent rows (same dtype as the cache)
     valid: [T, k] bool, False for -1 padding
+    sink:  [H] learnable sink logits (Hunyuan V4) or None
     returns [T, H, v_dim] in q's dtype.
     """
-    out, _ = attend(q, rows, valid, v_dim, scaling, ACC_DTYPE)
+    out, lse = attend(q, rows, valid, v_dim, scaling, ACC_DTYPE)
+    out, _ = with_sink(out, lse, sink)
     return out.to(q.dtype)
+
+
+def layer_sinks(model) -> dict:
+    """{attention layer id: learnable sink parameter [H]} of every attention module of `model` that has
+    one (SGLang's HYV4Attention.learnable_sink_param; its RadixAttention ``attn_mqa`` names the layer).
+    Empty for models without sinks. A sink whose layer cannot be named raises: never dropped."""
+    sinks = {}
+    for name, mod in model.named_modules():
+        sink = getattr(mod, "learnable_sink_param", None)
+        if sink is None:
+            continue
+        layer_id = getattr(getattr(mod, "attn_mqa", None), "layer_id", None)
+        if layer_id is None:
+            raise NotImplementedError(f"{name} ({type(mod).__name__}) has learnable attention sinks but no attn_mqa "
+                                      "layer id: the ess backend cannot tell which layer they belong to")
+        sinks[int(layer_id)] = sink
+    return sinks
 
 
 def dense_topk_positions(seq_lens: list[int], n_q: list[int], device) -> torch.Tensor:
@@ -90,8 +113,8 @@ class EssSparseAttnBackend(AttentionBackend):
         self.micro_batch_base = 0        # 2 x the Two-Batch-Overlap child index (own ring groups)
         self._store_forward: Optional[StoreForward] = None
         model = getattr(model_runner, "model", None)
-        if model is not None:
-            check_no_sinks(model)          # SGLang hands sinks only to absorbed-core backends: never to this one
+        # SGLang hands attn_sink only to absorbed-core backends, never to this one: read them from the model
+        self.sinks = layer_sinks(model) if model is not None else {}
 
     @property
     def accepts_early_plans(self) -> bool:
@@ -128,8 +151,19 @@ class EssSparseAttnBackend(AttentionBackend):
                                                self.kv_lora_rank, self.rope_dim)
         return self._store_forward
 
+    def sink(self, layer, kwargs: dict):
+        """The layer's learnable sink logits [H] (an attn_sink argument, else the model's), or None."""
+        sink = kwargs.get(ATTN_SINK)
+        if sink is None and self.sinks:
+            sink = self.sinks.get(layer.layer_id)
+            if sink is None:
+                raise NotImplementedError(f"ess backend: the model has learnable attention sinks on layers "
+                                          f"{sorted(self.sinks)} but none for layer {layer.layer_id}")
+        return sink
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
-        refuse_unimplemented(kwargs, "ess")     # attention_kwargs.py: sinks etc. raise, never dropped
+        refuse_unimplemented(kwargs, "ess", SINKS_IMPLEMENTED)   # attention_kwargs.py: others raise, never dropped
+        sink = self.sink(layer, kwargs)
         loc = forward_batch.out_cache_loc
         if self.ess is not None:
             self.ess.fence_host(layer.layer_id)    # released rows are zeroed before anything rewrites them
@@ -142,16 +176,17 @@ class EssSparseAttnBackend(AttentionBackend):
                 pad = topk_indices.new_full((q.shape[0] - topk_indices.shape[0], topk_indices.shape[1]), -1)
                 topk_indices = torch.cat([topk_indices, pad])
         if self.ess is not None:
-            return self._forward.extend(q, layer, forward_batch, topk_indices)
+            return self._forward.extend(q, layer, forward_batch, topk_indices, sink)
         lay = self._forward.layout(forward_batch)
         req_rows = forward_batch.req_pool_indices
         tok_req = torch.repeat_interleave(req_rows.long(), torch.tensor(lay.n_q, device=req_rows.device))
         if tok_req.numel() < q.shape[0]:    # DP padding tokens after the last request: read as row 0
             tok_req = torch.cat([tok_req, tok_req.new_zeros(q.shape[0] - tok_req.numel())])
-        return self.prefill(q, layer, forward_batch, topk_indices, tok_req, None)
+        return self.prefill(q, layer, forward_batch, topk_indices, tok_req, None, sink)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, topk_indices=None, **kwargs):
-        refuse_unimplemented(kwargs, "ess")
+        refuse_unimplemented(kwargs, "ess", SINKS_IMPLEMENTED)
+        sink = self.sink(layer, kwargs)
         loc = forward_batch.out_cache_loc
         if self.ess is not None:
             self.ess.fence_host(layer.layer_id)
@@ -161,20 +196,22 @@ class EssSparseAttnBackend(AttentionBackend):
             sl = forward_batch.seq_lens.tolist()
             topk_indices = dense_topk_positions(sl, [1] * len(sl), q.device)
         if self.ess is None:
-            return self.prefill(q, layer, forward_batch, topk_indices, forward_batch.req_pool_indices.long(), None)
-        return self._forward.decode(q, layer, forward_batch, topk_indices)
+            return self.prefill(q, layer, forward_batch, topk_indices, forward_batch.req_pool_indices.long(), None,
+                                sink)
+        return self._forward.decode(q, layer, forward_batch, topk_indices, sink)
 
     # --- kernels (store_forward.AttentionKernels): the torch path -----------------------------
     single_call = False
 
-    def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx):
-        return self._attend(q, layer, topk_pos, tok_req, self._cache_rows(layer))
+    def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx, sink=None):
+        return self._attend(q, layer, topk_pos, tok_req, self._cache_rows(layer), sink)
 
-    def slots(self, q3, layer, slot_rows, slots):
-        return self._attend_rows(q3, layer, slot_rows, slots)
+    def slots(self, q3, layer, slot_rows, slots, sink=None):
+        out, lse = self._attend_rows(q3, layer, slot_rows, slots)
+        return with_sink(out, lse, sink)
 
-    def gathered(self, q, layer, rows, valid):
-        return self._mla(q, layer, rows, valid)
+    def gathered(self, q, layer, rows, valid, sink=None):
+        return self._mla(q, layer, rows, valid, sink)
 
     def newest(self, layer, loc):
         """The newest row: exactly the bytes SGLang just stored in the host pool."""
@@ -197,13 +234,13 @@ class EssSparseAttnBackend(AttentionBackend):
         buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         return buf.view(buf.shape[0], -1)
 
-    def _attend(self, q, layer, topk_pos, tok_req, cache_rows):
+    def _attend(self, q, layer, topk_pos, tok_req, cache_rows, sink=None):
         """topk_pos int [T, k] positions -> locations through req_to_token -> rows."""
         req_to_token = self.req_to_token_pool.req_to_token
         valid = topk_pos >= 0
         locs = req_to_token[tok_req[:, None], topk_pos.long().clamp(min=0)].long()
         rows = cache_rows[locs]
-        return self._mla(q, layer, rows, valid)
+        return self._mla(q, layer, rows, valid, sink)
 
     def _attend_rows(self, q3, layer, slot_rows, slots):
         """q3 [b, H, D]; slot_rows uint8 [S, row_bytes] (the store's slot space); slots int32 [b, k]
@@ -211,8 +248,8 @@ class EssSparseAttnBackend(AttentionBackend):
         rows = self.ess.as_latent(slot_rows)[slots.long().clamp(min=0)]
         return attend(q3, rows, slots >= 0, self.kv_lora_rank, layer.scaling, ACC_DTYPE)
 
-    def _mla(self, q, layer, rows, valid):
+    def _mla(self, q, layer, rows, valid, sink=None):
         d = self.kv_lora_rank + self.rope_dim
         q3 = q.reshape(-1, layer.tp_q_head_num, d)
-        out = sparse_mla(q3, rows, valid, self.kv_lora_rank, layer.scaling)
+        out = sparse_mla(q3, rows, valid, self.kv_lora_rank, layer.scaling, sink)
         return out.reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)

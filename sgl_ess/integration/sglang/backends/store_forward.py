@@ -19,6 +19,10 @@ SGLang's padding rows (DP attention, TBO children, an idle DP rank's fabricated 
 never reach the store: they are cut off before it is called and their outputs are zero. A decode
 graph's batch (--ess-cuda-graph, cuda_graph.py) is not cut on the host: its padding rows go to the
 store as request row -1, found on the device, and touch nothing.
+Learnable attention sinks (Hunyuan V4, `sink` float [H] per layer, None for other models) reach every
+path: the prefill and MTP kernels get them (``sink=``); a decode's partial attentions (DA / DBA) run
+without them and the sink is added once after their log-sum-exp merge (``overlap.SinkAttend``), unless the
+kernel is single-call (FlashMLA: it takes the sink itself).
 The store's own fence (``fence_host``) runs before any forward writes a row. Memory: none of its
 own; tensors belong to SGLang's pools and the store. No sglang import: forward batches are read
 through their attributes.
@@ -29,6 +33,8 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+
+from sgl_ess.attention.overlap import SinkAttend
 
 from .cuda_graph import GraphBatches, graph_rows
 from .padding import real_rows
@@ -41,17 +47,18 @@ class AttentionKernels(Protocol):
     single_call: bool   # `slots` must see the whole batch in one call and returns no log-sum-exp
 
     def prefill(self, q, layer, forward_batch, topk_pos: torch.Tensor, tok_req: torch.Tensor,
-                token_idx: torch.Tensor | None) -> torch.Tensor:
+                token_idx: torch.Tensor | None, sink: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of prefill queries over the full history. q [T', H*D] (the rows `token_idx`
         of the batch, None = all); topk_pos int [T', k] positions (-1 padded); tok_req int64 [T']
-        request rows. Returns [T', H*R]."""
+        request rows; sink float [H] learnable sink logits or None. Returns [T', H*R]."""
 
-    def slots(self, q3, layer, slot_rows: torch.Tensor, slots: torch.Tensor):
+    def slots(self, q3, layer, slot_rows: torch.Tensor, slots: torch.Tensor, sink: torch.Tensor | None = None):
         """q3 [b, H, D]; slot_rows uint8 [S, row_bytes]; slots int32 [b, k] (-1 excluded) ->
-        (out [b, H, R], lse [b, H] or None)."""
+        (out [b, H, R], lse [b, H] or None). `sink` (given only to a single-call kernel): out includes it."""
 
-    def gathered(self, q, layer, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """MLA over gathered latent rows: rows [T, k, D], valid [T, k] -> [T, H*R]."""
+    def gathered(self, q, layer, rows: torch.Tensor, valid: torch.Tensor,
+                 sink: torch.Tensor | None = None) -> torch.Tensor:
+        """MLA over gathered latent rows: rows [T, k, D], valid [T, k], sink as in prefill -> [T, H*R]."""
 
     def newest(self, layer, loc: torch.Tensor) -> torch.Tensor:
         """The latent rows SGLang just stored at locations `loc` [b] -> [b, D] (cache dtype)."""
@@ -144,20 +151,32 @@ class StoreForward:
         return cached[1]
 
     # --- extend ------------------------------------------------------------------------------
-    def extend(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
-        """Any EXTEND-family forward. q [T, H*D]; topk int [T, k] positions. Returns [T, H*R]."""
+    def attend_slots(self, layer, sink):
+        """The decode `attend(q3, slot_rows, slots)` of `layer` over the slot space: a single-call kernel
+        takes the sink itself; otherwise the partial attentions run without it and the overlap schedule adds
+        it once after their merge (SinkAttend)."""
+        k = self.kernels
+        if sink is None:
+            return lambda qq, rows, slots: k.slots(qq, layer, rows, slots)
+        if k.single_call:
+            return lambda qq, rows, slots: k.slots(qq, layer, rows, slots, sink=sink)
+        return SinkAttend(lambda qq, rows, slots: k.slots(qq, layer, rows, slots), sink)
+
+    def extend(self, q, layer, forward_batch, topk: torch.Tensor, sink: torch.Tensor | None = None) -> torch.Tensor:
+        """Any EXTEND-family forward. q [T, H*D]; topk int [T, k] positions; sink float [H] (the layer's
+        learnable sink logits) or None. Returns [T, H*R]."""
         lay = self.layout(forward_batch)
         real = real_rows(forward_batch)
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
-            return self.verify(q, layer, forward_batch, topk, lay)
+            return self.verify(q, layer, forward_batch, topk, lay, sink)
         if any(self.riding(forward_batch, lay)):
-            return self.mixed(q, layer, forward_batch, topk, lay)
+            return self.mixed(q, layer, forward_batch, topk, lay, sink)
         reqs = forward_batch.req_pool_indices
         tok_req = torch.repeat_interleave(reqs.long(), torch.tensor(lay.n_q, device=reqs.device))
         if tok_req.numel() < q.shape[0]:    # DP padding tokens after the last request: read as row 0
             tok_req = torch.cat([tok_req, tok_req.new_zeros(q.shape[0] - tok_req.numel())])
-        out = self.kernels.prefill(q, layer, forward_batch, topk, tok_req, None)
+        out = self.kernels.prefill(q, layer, forward_batch, topk, tok_req, None, **_sink(sink))
         if real.padded:
             out[real.n_tok:] = 0
         n = real.n_req
@@ -165,7 +184,7 @@ class StoreForward:
             self.after_prefill(layer, reqs.tolist()[:n], lay.kv_lens[:n], lay.n_q[:n], topk[:real.n_tok])
         return out
 
-    def verify(self, q, layer, forward_batch, topk, lay: QueryLayout):
+    def verify(self, q, layer, forward_batch, topk, lay: QueryLayout, sink=None):
         """TARGET_VERIFY / DRAFT_EXTEND_V2: each request's n query tokens sit at committed ..
         committed + n - 1 (their rows were just written); one union set per request."""
         n = lay.n_q[0] if lay.n_q else 0
@@ -182,13 +201,13 @@ class StoreForward:
         if not real.padded:
             topk3 = topk.reshape(b, n, topk.shape[-1])
             return self.ess.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
-                                   lambda rows, valid: self.kernels.gathered(q, layer, rows, valid),
+                                   lambda rows, valid: self.kernels.gathered(q, layer, rows, valid, **_sink(sink)),
                                    micro_batch=self.backend.micro_batch_base)
         out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if b:
             qr = q[:b * n]
             out[:b * n] = self.ess.verify(layer.layer_id, reqs, committed, topk[:b * n].reshape(b, n, -1), self.r2t,
-                                          lambda rows, valid: self.kernels.gathered(qr, layer, rows, valid),
+                                          lambda rows, valid: self.kernels.gathered(qr, layer, rows, valid, **_sink(sink)),
                                           micro_batch=self.backend.micro_batch_base)
         return out
 
@@ -208,7 +227,7 @@ class StoreForward:
         self._riding_of = (forward_batch, out)
         return out
 
-    def mixed(self, q, layer, forward_batch, topk, lay: QueryLayout):
+    def mixed(self, q, layer, forward_batch, topk, lay: QueryLayout, sink=None):
         """A mixed chunked-prefill batch: prefill rows read the full history and (re)open their hot
         buffers; running requests riding along take the decode path, so their hot buffers and hit
         rate are those of a pure decode step."""
@@ -222,7 +241,7 @@ class StoreForward:
         dec_idx = [i for i in range(len(rows)) if dec[i]]
         if pre_tok.numel():
             out[pre_tok] = self.kernels.prefill(q[pre_tok], layer, forward_batch, topk[pre_tok], tok_req[pre_tok],
-                                                pre_tok)
+                                                pre_tok, **_sink(sink))
         if dec_idx:
             if layer.layer_id == 0:
                 self.ess.note_mixed_decode(len(dec_idx))
@@ -234,8 +253,7 @@ class StoreForward:
                 check_write_positions(loc, reqs, seq_lens - 1, 1, self.r2t, "mixed decode", sync=self.ess.validate)
             q3 = q[tok].reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
             o = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk[tok],
-                                self.kernels.newest(layer, loc), self.r2t,
-                                lambda qq, r, s: self.kernels.slots(qq, layer, r, s),
+                                self.kernels.newest(layer, loc), self.r2t, self.attend_slots(layer, sink),
                                 single_call=self.kernels.single_call)
             out[tok] = o.to(q.dtype).reshape(q3.shape[0], -1)
         pre = [i for i in range(real_rows(forward_batch).n_req) if not dec[i]]
@@ -250,20 +268,21 @@ class StoreForward:
         self.ess.mtp_reset(layer.layer_id, rows, seq_lens)
 
     # --- decode ------------------------------------------------------------------------------
-    def decode(self, q, layer, forward_batch, topk: torch.Tensor) -> torch.Tensor:
-        """A DECODE forward (also an EAGLE draft step). q [b, H*D]; topk int [b, k]. Returns
-        [b, H*R] in q's dtype (zero for SGLang's padding rows)."""
+    def decode(self, q, layer, forward_batch, topk: torch.Tensor, sink: torch.Tensor | None = None) -> torch.Tensor:
+        """A DECODE forward (also an EAGLE draft step). q [b, H*D]; topk int [b, k]; sink as in extend.
+        Returns [b, H*R] in q's dtype (zero for SGLang's padding rows)."""
         if forward_batch in self.graph_batches:
-            return self._decode_graph(q, layer, forward_batch, topk)
+            return self._decode_graph(q, layer, forward_batch, topk, sink)
         real = real_rows(forward_batch)
         if not real.padded:
-            return self._decode(q, layer, forward_batch, topk, q.shape[0])
+            return self._decode(q, layer, forward_batch, topk, q.shape[0], sink=sink)
         out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if real.n_req:
-            out[:real.n_req] = self._decode(q[:real.n_req], layer, forward_batch, topk[:real.n_req], real.n_req)
+            out[:real.n_req] = self._decode(q[:real.n_req], layer, forward_batch, topk[:real.n_req], real.n_req,
+                                            sink=sink)
         return out
 
-    def _decode_graph(self, q, layer, forward_batch, topk) -> torch.Tensor:
+    def _decode_graph(self, q, layer, forward_batch, topk, sink=None) -> torch.Tensor:
         """A decode step SGLang captures in a CUDA graph: the whole padded batch, padding rows -1
         (found on the device), the same launches whatever the batch holds; their outputs zero."""
         b = self.backend
@@ -271,11 +290,11 @@ class StoreForward:
             raise RuntimeError("ESS decode CUDA graphs: only the target model's decode without Two-Batch Overlap "
                                "is captured (the launcher refuses MTP and TBO with --ess-cuda-graph)")
         reqs = graph_rows(forward_batch)
-        out = self._decode(q, layer, forward_batch, topk, reqs.shape[0], graph_reqs=reqs)
+        out = self._decode(q, layer, forward_batch, topk, reqs.shape[0], graph_reqs=reqs, sink=sink)
         return out.masked_fill((reqs < 0).unsqueeze(1), 0)
 
-    def _decode(self, q, layer, forward_batch, topk, b_real: int, graph_reqs: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def _decode(self, q, layer, forward_batch, topk, b_real: int, graph_reqs: torch.Tensor | None = None,
+                sink: torch.Tensor | None = None) -> torch.Tensor:
         """The first `b_real` rows of a decode batch; `graph_reqs` (a decode graph's batch): its request
         rows, padding rows -1 (cuda_graph.graph_rows), handed to the store as they are."""
         padded = graph_reqs is not None
@@ -283,7 +302,7 @@ class StoreForward:
         loc = forward_batch.out_cache_loc[:b_real]
         seq_lens = forward_batch.seq_lens[:b_real]
         q3 = q.reshape(-1, layer.tp_q_head_num, self.kv_lora_rank + self.rope_dim)
-        attend = lambda qq, rows, slots: self.kernels.slots(qq, layer, rows, slots)  # noqa: E731
+        attend = self.attend_slots(layer, sink)
         b = self.backend
         if b.spec_role == ROLE_DRAFT_DECODE:
             if layer.layer_id == 0:     # step i writes its (speculative) row at position seq_len + i
@@ -305,3 +324,8 @@ class StoreForward:
                               self.kernels.newest(layer, loc), self.r2t, attend,
                               single_call=self.kernels.single_call, padded=padded)
         return out.to(q.dtype).reshape(q3.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
+
+
+def _sink(sink) -> dict:
+    """The kernels' `sink=` keyword, only for a model with sinks (others see the call they always saw)."""
+    return {} if sink is None else {"sink": sink}

@@ -83,6 +83,10 @@ def scaled_dummy_init(model: torch.nn.Module, seed: int = 1234) -> None:
         if name.endswith("bias"):
             tensor.zero_()
             continue
+        if tensor.dim() == 1 and name.endswith("learnable_sink_param"):    # Hunyuan V4's per-head sinks:
+            tensor.copy_(_draw(tuple(tensor.shape), seed + i, tensor.device).to(tensor.dtype))   # distinct, nonzero
+            own.append(name)
+            continue
         if tensor.dim() == 1:
             tensor.fill_(1.0 if "norm" in name else 0.0)
             continue

@@ -18,6 +18,7 @@ import urllib.request
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STARTUP_TIMEOUT_S = 480  # a loaded 2-core machine can take minutes (tokenizer + scheduler start)
 TEST_ADMIN_KEY = "sgl-ess-test-admin-key"   # operator routes (flush, abort, overlap level) need one
+HEALTH_POLL_S = 0.25  # /health poll while a server starts: a test waits at most this long past its readiness
 
 
 # SGLang derives TCP ports from --port (DP attention: port + 233 .. + 233 + 6 + DP ranks) and from
@@ -125,7 +126,7 @@ class Server:
                         return
             except (urllib.error.URLError, OSError):
                 pass
-            time.sleep(1.0)
+            time.sleep(HEALTH_POLL_S)
         raise TimeoutError(f"server {self.name} not healthy after {STARTUP_TIMEOUT_S}s:\n{self.dump_stacks()}")
 
     def dump_stacks(self) -> str:
@@ -240,6 +241,25 @@ class Server:
                                                    "ignore_eos": True}, "return_logprob": True}
         body.update(extra)
         return self.post("/generate", body)
+
+
+def start_together(specs: dict[str, tuple], prefix: str = "") -> dict[str, Server]:
+    """Start several independent servers at once and wait until every one is healthy: {key: (args, env)}
+    -> {key: Server named prefix + key}. Their starts (imports, model load, warmup) overlap, which on a
+    2-core machine takes well under the sum of one-by-one starts; a test then uses them one at a time
+    (an idle CPU server sleeps: the launcher adds --sleep-on-idle) and stops each when done. If any
+    fails to start, all are stopped and the error is raised."""
+    servers: dict[str, Server] = {}
+    try:
+        for key, (args, env) in specs.items():
+            servers[key] = Server(prefix + key, args, env)
+        for srv in servers.values():
+            srv.wait_healthy()
+    except BaseException:
+        for srv in servers.values():
+            srv.stop()
+        raise
+    return servers
 
 
 def ess_live_zero(u: dict) -> bool:

@@ -209,8 +209,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"  host pool: {s['host_pool_gb_per_node']:.0f} GB per node (pinned); PCIe busy {b.pcie_busy_fraction:.0%}")
     lp = _launch(res, cfg, pools)
     if lp is not None:
+        level, note = b.cfg.ess.overlap, ""
+        if level == "full" and b.strategies:      # the launcher's full reads a measured per-layer profile instead
+            level = max(b.strategies, key=b.strategies.get)
+            note = (f" (the plan's 'full' chose per layer x micro-batch: "
+                    f"{', '.join(f'{k} {v}' for k, v in sorted(b.strategies.items()))}; the launcher's full reads "
+                    f"a measured per-layer profile, --ess-overlap-profile)")
         print(f"  launch: python -m sgl_ess.launch_server --model-path MODEL {' '.join(lp.argv)} "
-              f"--ess-prefetch-overlap-level {b.cfg.ess.overlap}")
+              f"--ess-prefetch-overlap-level {level}{note}")
         print(f"    --ess-explain prints for these flags: {lp.tokens_per_pool} tokens per pool, {lp.pools_per_node} "
               f"host pool(s) per node = {lp.host_bytes_per_node / GB:.1f} GB per node, {lp.hot_slots_per_request} "
               f"hot slots per request per layer")

@@ -109,13 +109,15 @@ def split_halves(b: int) -> list[slice]:
     return [slice(0, h), slice(h, b)]
 
 
-def only(slots: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def only(slots: torch.Tensor, keep: torch.Tensor, static_width: bool = False) -> torch.Tensor:
     """The entries of `slots` [T, k] selected by `keep` (others -1). On the CPU the kept entries
     are also moved to the front, in order, and the table cut to the longest row, so each of DA's
     two partial attentions reads and scores only its own rows (a masked full-width pass would do
-    the whole attention twice). On a device the width stays k: static shapes, no host sync."""
+    the whole attention twice). On a device, or for a kernel that needs `static_width` (FlashMLA:
+    index_topk columns; the CUDA class, also in its GPU fake on CPU), the width stays k and the kept
+    entries keep their columns: static shapes, no host sync."""
     sel = torch.where(keep, slots, torch.full_like(slots, -1))
-    if slots.device.type != "cpu" or slots.numel() == 0:
+    if static_width or slots.device.type != "cpu" or slots.numel() == 0:
         return sel
     live = sel >= 0
     width = int(live.sum(dim=1).max())
@@ -124,8 +126,9 @@ def only(slots: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def attend_step(store, step: StepPlan, q: torch.Tensor, attend: Attend, dual: bool,
-                on_event: Callable[[str, StepPlan], None] | None = None) -> torch.Tensor:
-    """Attention for one planned (sub-)batch; commits the plan afterwards. Returns out fp32 [T, h, R]."""
+                on_event: Callable[[str, StepPlan], None] | None = None, static_width: bool = False) -> torch.Tensor:
+    """Attention for one planned (sub-)batch; commits the plan afterwards. Returns out fp32 [T, h, R].
+    `static_width`: DA's two slot tables keep the full width (`only`)."""
     rows = store.slot_rows
     note = on_event or (lambda what, s: None)
     if not dual or step.landed:
@@ -135,11 +138,11 @@ def attend_step(store, step: StepPlan, q: torch.Tensor, attend: Attend, dual: bo
         out, lse = attend(q, rows, step.read_slots)
     else:
         note("attn0", step)
-        o0, l0 = attend(q, rows, only(step.read_slots, ~step.staged))
+        o0, l0 = attend(q, rows, only(step.read_slots, ~step.staged, static_width))
         note("wait", step)
         store.land(step)
         note("attn1", step)
-        o1, l1 = attend(q, rows, only(step.read_slots, step.staged))
+        o1, l1 = attend(q, rows, only(step.read_slots, step.staged, static_width))
         out, lse = merge_lse(o0, l0, o1, l1)
     sink = attend.sink if isinstance(attend, SinkAttend) else None
     if sink is not None:
@@ -166,14 +169,14 @@ def plan_layer(store, mode: str, layer: int, reqs: torch.Tensor, seq_lens: torch
 
 
 def decode_layer(store, mode: str, q: torch.Tensor, steps: list[StepPlan], attend: Attend,
-                 on_event: Callable[[str, StepPlan], None] | None = None) -> torch.Tensor:
+                 on_event: Callable[[str, StepPlan], None] | None = None, static_width: bool = False) -> torch.Tensor:
     """Run the layer's attention over its planned steps (consecutive slices of the batch, in
-    order) and return out fp32 [T, h, R] for the whole batch."""
+    order) and return out fp32 [T, h, R] for the whole batch. `static_width`: see `only`."""
     outs = []
     start = 0
     for step in steps:
         b = step.reqs.numel()
         outs.append(attend_step(store, step, q[start:start + b], attend, dual=mode in ("da", "dba"),
-                                on_event=on_event))
+                                on_event=on_event, static_width=static_width))
         start += b
     return outs[0] if len(outs) == 1 else torch.cat(outs, 0)

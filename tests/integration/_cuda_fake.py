@@ -20,8 +20,10 @@ The runner is tests/integration/_fake_runner.py's, plus the attributes SGLang's 
 
 from __future__ import annotations
 
+import math
 import sys
 import types
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -158,6 +160,12 @@ def ref_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None
     return out
 
 
+def lonely_lse(lse: torch.Tensor) -> torch.Tensor:
+    """FlashMLA's log-sum-exp of a query with no valid index: +inf (its output 0), not -inf
+    (FlashMLA's tests/ref.py: 'lonely' queries)."""
+    return lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
 def flash_mla_stub() -> types.ModuleType:
     m = types.ModuleType(FLASH_MLA_MODULE)
     m.calls = []
@@ -183,12 +191,17 @@ def flash_mla_stub() -> types.ModuleType:
             kv_rows = k_cache.reshape(-1, k_cache.shape[-1])
         o, lse = ref_sparse_mla(q.reshape(b * sq, h, d), kv_rows, indices.reshape(b * sq, -1), softmax_scale,
                                 head_dim_v)
+        # FlashMLA's softmax_lse: float32 [b, h, s_q], natural log, +inf for a query with no valid index
+        lse = lonely_lse(lse).float().view(b, sq, h).transpose(1, 2)
         return o.to(q.dtype).view(b, sq, h, head_dim_v), lse
 
     def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink=None, topk_length=None):
         m.calls.append("flash_mla_sparse_fwd")
         o, lse = ref_sparse_mla(q, kv.reshape(kv.shape[0], -1), indices[:, 0], sm_scale, d_v, topk_length)
-        return o.to(q.dtype), lse, lse
+        # the legacy kernel SGLang calls (return_log2_lse): max_logits and lse [s_q, h] float32 in base 2,
+        # lse +inf for a query with no valid index; max_logits is not reproduced (NaN: reading it fails loudly)
+        lse2 = lonely_lse(lse / math.log(2.0)).float()
+        return o.to(q.dtype), torch.full_like(lse2, float("nan")), lse2
 
     m.get_mla_metadata, m.flash_mla_with_kvcache, m.flash_mla_sparse_fwd = (
         get_mla_metadata, flash_mla_with_kvcache, flash_mla_sparse_fwd)
@@ -303,12 +316,37 @@ def cuda_batch(mode: str, reqs, seq_lens, loc, extend_lens=None, prefix_lens=Non
     return fb
 
 
+BF16_U = 2.0 ** -8       # one rounding to bfloat16 (8 significant bits): relative error at most this
+FP32_U = 2.0 ** -24      # float32's unit roundoff
+
+
+@dataclass
+class ReadStats:
+    """What a reference read: the largest |value| (the first R columns) among the rows the queries
+    attend, and the largest |log-sum-exp| of their attention."""
+
+    vmax: float
+    lse_max: float
+
+
+def split_bound(want: torch.Tensor, st: ReadStats) -> float:
+    """Error bound of a decode whose attention is split (DA: the hits' call and the misses' call; DBA:
+    the same per half batch) and merged by log-sum-exp, with kernels whose outputs are BF16 (FlashMLA):
+    each partial output is rounded once (at most BF16_U * |o_i| <= BF16_U * vmax: a partial output is a
+    convex combination of its value rows), merged in float32 (each weight exp(l_i - lse) carries a
+    relative error of a few float32 roundings of its exponent, <= 8 * FP32_U * (lse_max + 1), and
+    exp(l_i - lse) * |l_i| <= |lse| + 1), and the merged output rounded once more (BF16_U * |out|).
+    An unsplit call is within the first and last terms' single rounding."""
+    return BF16_U * (float(want.abs().max()) + st.vmax) + 16 * FP32_U * (st.lse_max + 1) * st.vmax + 1e-6
+
+
 def reference(runner, layer_id: int, q, reqs_per_token: torch.Tensor, topk_pos: torch.Tensor,
-              fp8: bool = False) -> torch.Tensor:
+              fp8: bool = False, stats: bool = False):
     """Dense truth: the rows of each query's top-k positions, read through req_to_token from the
     full history. q [T, H*D] -> [T, H, R] fp32. `fp8`: the kernel under test read FP8 rows (SGLang's
     flashmla_kv quantizes a BF16 cache first): the truth reads the same bytes, SGLang's quantizer
-    (ref_quantize_k_cache) applied to each row and FlashMLA's layout read back."""
+    (ref_quantize_k_cache) applied to each row and FlashMLA's layout read back. `stats`: also what it
+    read (ReadStats, for split_bound)."""
     r2t = runner.req_to_token_pool.req_to_token
     locs = torch.where(topk_pos >= 0, r2t[reqs_per_token[:, None], topk_pos.long().clamp(min=0)].long(), -1)
     pool = runner.token_to_kv_pool
@@ -318,5 +356,9 @@ def reference(runner, layer_id: int, q, reqs_per_token: torch.Tensor, topk_pos: 
         kv = pool.get_key_buffer(layer_id).reshape(-1, fr.KV_DIM)
         if fp8:
             kv = dequant_flashmla_fp8(ref_quantize_k_cache(kv, fr.KV_LORA), fr.KV_LORA)
-    out, _ = ref_sparse_mla(q.view(-1, fr.HEADS, fr.KV_DIM), kv, locs, fr.KV_DIM ** -0.5, fr.KV_LORA)
-    return out
+    out, lse = ref_sparse_mla(q.view(-1, fr.HEADS, fr.KV_DIM), kv, locs, fr.KV_DIM ** -0.5, fr.KV_LORA)
+    if not stats:
+        return out
+    read = kv[locs.clamp(min=0)][..., :fr.KV_LORA].double().abs().masked_fill((locs < 0).unsqueeze(-1), 0.0)
+    fin = lse[lse.isfinite()].abs()
+    return out, ReadStats(float(read.max()) if read.numel() else 0.0, float(fin.max()) if fin.numel() else 0.0)

@@ -20,7 +20,7 @@ from tests.stream_doubles import LateStreams  # noqa: E402
 
 from . import _fake_runner as fr  # noqa: E402
 from ._cuda_fake import (cuda_batch, cuda_layer, cuda_runner, dequant_flashmla_fp8, install_gpu_fakes,  # noqa: E402
-                         ref_quantize_k_cache, reference)
+                         ref_quantize_k_cache, reference, split_bound)
 from ._spec_fixtures import ess_env  # noqa: E402,F401
 
 LAYERS, CHUNK = 2, 16
@@ -99,8 +99,9 @@ def test_fp8_rows_prefill_and_decode_read_the_same_bytes_as_the_truth(fp8_fake):
         for li in range(LAYERS):
             topk, q = fr.causal_topk(gen, [s - 1 for s in seq]), fr.query(gen, len(rows))
             out = backend.forward_decode(q, None, None, cuda_layer(li), fb, save_kv_cache=False, topk_indices=topk)
-            want = reference(runner, li, q, torch.tensor(rows), topk)
+            want, st = reference(runner, li, q, torch.tensor(rows), topk, stats=True)
             err = float((out.float().reshape(want.shape) - want).abs().max())
-            assert err <= _bound(want), f"FP8 decode step {step} layer {li}: {err:.3g} from the truth"
+            # the default level (da) splits the attention into two FlashMLA calls with BF16 outputs
+            assert err <= split_bound(want, st), f"FP8 decode step {step} layer {li}: {err:.3g} from the truth"
     assert "fp8_kvcache" in stub.calls and "flash_mla_sparse_fwd" not in stub.calls
     assert int(store.counters.hits.sum()) > 0, "decode never read a hot slot"

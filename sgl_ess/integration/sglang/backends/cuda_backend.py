@@ -15,9 +15,11 @@ reserve / plan / land / commit per decode layer); this class supplies only ``_Cu
   * decode: SGLang's FlashMLA kernel with ``kv_cache`` = the slot space (a multiple of 64 rows,
     viewed as [S, 1, 656] FP8 rows) and ``page_table_1`` = the int32 slot table; the misses'
     fetch was submitted right after the indexer (hook on ``Indexer.forward_cuda``) on the stream
-    engine's side stream. FlashMLA returns no log-sum-exp through SGLang's wrapper, so the level
-    runs as one attention call after the wait. Any other decode implementation is replaced by the
-    Triton sparse-MLA decode (sgl_ess.kernels.sparse_mla_triton), which returns the LSE.
+    engine's side stream. Both FlashMLA decodes are called with their log-sum-exp (flashmla_lse.py:
+    SGLang's wrappers drop it), so every overlap level runs: DA attends the hits while the misses are
+    in flight and the misses after their own fetch landed, DBA each half batch so, merged by LSE
+    (attention/overlap.py). Any other decode implementation is replaced by the Triton sparse-MLA
+    decode (sgl_ess.kernels.sparse_mla_triton), which returns the LSE too.
 MTP (EAGLE / NextN, one chain): SGLang's draft factory builds this class for the draft runner too;
 its roles follow the constructor (draft steps: DRAFT_DECODE, reading committed rows only; the
 draft's prefill / DRAFT_EXTEND_V2 backend: DRAFT_EXTEND), and TARGET_VERIFY / DRAFT_EXTEND_V2 go
@@ -90,6 +92,7 @@ def backend_class():
                 # fence the host rows) would never run. SGLang turns it off the same way for its own
                 # HiSparse (a condition in set_dsa_prefill_impl) and for its dots hybrid backend (this flag)
                 self.supports_mha_one_shot = False
+                self.ess.static_width = True     # FlashMLA reads index_topk columns: DA's tables keep them
                 cfg = model_runner.model_config
                 self._forward = StoreForward(self.ess, self.req_to_token_pool, _CudaKernels(self, base), self,
                                              cfg.kv_lora_rank, cfg.qk_rope_head_dim)
@@ -197,13 +200,13 @@ class _CudaKernels:
     """store_forward.AttentionKernels on CUDA: SGLang's own prefill kernels over the full history
     (the zero-copy view of the host pool), FlashMLA (or our Triton decode) over the slot space."""
 
+    # every decode kernel here returns its log-sum-exp: attention may be split (DA, DBA)
+    single_call = False
+
     def __init__(self, backend, base):
         self.b = backend
         self.base = base
-
-    @property
-    def single_call(self) -> bool:
-        return self.b.dsa_decode_impl in SUPPORTED_DECODE_IMPLS
+        self._schedules: dict = {}      # flashmla_kv tile schedules of partial batches, by row count
 
     def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx):
         """SGLang's extend kernel over the whole batch (its metadata is the batch's). In a mixed
@@ -241,16 +244,12 @@ class _CudaKernels:
 
             return sparse_mla_triton.sparse_mla_decode_triton(q3, slot_rows, slots, b.ess.latent_layout(),
                                                               layer.scaling)
+        from . import flashmla_lse
+
         kv = b.ess.as_kv_cache(slot_rows)
-        md = b.forward_metadata
         if impl == "flashmla_kv":
-            out = b._forward_flashmla_kv(q_all=q3, kv_cache=kv, v_head_dim=layer.v_head_dim, sm_scale=layer.scaling,
-                                         layer=layer, metadata=md, page_table_1=slots)
-        else:
-            out = b._forward_flashmla_sparse(q_all=q3, kv_cache=kv, page_table_1=slots, sm_scale=layer.scaling,
-                                             v_head_dim=layer.v_head_dim, topk_length=md.dsa_cache_seqlens_int32,
-                                             attn_sink=None)
-        return out, None
+            return flashmla_lse.decode_kv(b, q3, kv, slots, layer, self._schedules)
+        return flashmla_lse.decode_sparse(b, q3, kv, slots, layer)
 
     def gathered(self, q, layer, rows, valid):
         """MTP verify / draft extend: q [T, H*D] absorbed queries, rows [T, k, kv_dim] in the pool's
@@ -288,17 +287,20 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
         if ess is not None and ess.mode(layer_id) != "none" and getattr(backend, "accepts_early_plans", True):
             from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
+            r2t = get_req_to_token_pool().req_to_token
             fwd = getattr(backend, "_forward", None)
             if fwd is not None and forward_batch in fwd.graph_batches:     # a decode graph: padding rows -1
-                ess.early_plan(id(forward_batch), layer_id, graph_rows(forward_batch), forward_batch.seq_lens, out,
-                               get_req_to_token_pool().req_to_token, 0, padded=True)
-                return out
-            b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned
-            if b == 0:
-                return out
-            ess.early_plan(id(forward_batch), layer_id, forward_batch.req_pool_indices[:b].long(),
-                             forward_batch.seq_lens[:b], out[:b], get_req_to_token_pool().req_to_token,
-                             getattr(backend, "micro_batch_base", 0))   # TBO children: their own ring groups
+                reqs, base, kw = graph_rows(forward_batch), 0, {"padded": True}
+            else:
+                b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned
+                if b == 0:
+                    return out
+                reqs, base, kw = forward_batch.req_pool_indices[:b].long(), getattr(backend, "micro_batch_base", 0), {}
+            n = reqs.numel()
+            # one plan per part (DBA: each half its own ring group and fetch); TBO children: their own groups
+            for i, part in enumerate(ess.early_parts(layer_id, n)):
+                ess.early_plan(id(forward_batch), layer_id, reqs[part], forward_batch.seq_lens[:n][part],
+                               out[:n][part], r2t, base + i, **kw)
     return out
 
 

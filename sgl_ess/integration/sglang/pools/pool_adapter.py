@@ -116,6 +116,9 @@ class EssPoolAdapter:
         self.cfg = cfg
         # input checks read values back to the host: on the CPU once per step (layer 0), never on CUDA
         self.validate = str(model_runner.device) == "cpu"
+        # DA's partial slot tables keep the full top-k width (overlap.only): the CUDA backend sets it, its
+        # kernels (FlashMLA) read index_topk columns; else compacted on the CPU
+        self.static_width = False
         self.level = cfg.prefetch_overlap_level
         self.profile = load_profile(cfg) if self.level == "full" else None
         from sgl_ess.store.speculative import SpeculativeOptions
@@ -306,7 +309,7 @@ class EssPoolAdapter:
             else:
                 _, plans, rows = early
                 self.store.write_slots(rows[0] if len(rows) == 1 else torch.cat(rows), data, padded=padded)
-            out = decode_layer(self.store, mode, q3, plans, attend)
+            out = decode_layer(self.store, mode, q3, plans, attend, static_width=self.static_width)
             if padded and layer == self.layers - 1:
                 self.store.graph_boundary()     # a captured step ends with its side-stream work joined
             return out
@@ -458,7 +461,7 @@ class EssPoolAdapter:
             plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token,
                                validate=self.validate and layer == 0, micro_batch_base=micro_batch_base)
             self.plans_late += len(plans)
-            return decode_layer(self.store, mode, q3, plans, attend)
+            return decode_layer(self.store, mode, q3, plans, attend, static_width=self.static_width)
 
     def note_host_write(self, layer: int, rows: int) -> None:
         """SGLang's writer stored `rows` new latent rows of `layer` straight into the host pool (on

@@ -78,11 +78,12 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily(
         "Hunyuan V4", ("HYV4ForCausalLM",), ("HYV4ForCausalLMNextN",), "hunyuan_v4.py",
         adds=frozenset({SINKS, SHARED_TOPK}), ess_implements=frozenset({SINKS, SHARED_TOPK}),
-        checked="embedded tiny_hyv4 (3 layers, the last shared-index): ESS on == off at server level; its learnable "
-                "sinks in every ESS attention path (CPU prefill / decode / DA merge / MTP verify, the Triton "
-                "decode under the interpreter) against a reference written from the model's definition, each "
-                "failing with the sink dropped. FlashMLA's attn_sink on the CUDA class: passed through, not run "
-                "on a GPU"),
+        checked="embedded tiny_hyv4 (3 layers, the last shared-index); its learnable sinks against a reference "
+                "written from the model's definition, each check failing with the sink dropped: the CPU ess backend "
+                "(prefill, decode at every overlap level with the sink added once after the DA/DBA merge, MTP "
+                "verify's gathered rows), the Triton decode (interpreter), the CUDA class's decode in the GPU fake "
+                "(not run on a GPU; its prefill hands attn_sink to SGLang's own FlashMLA sparse prefill). "
+                "Server-level ESS on == off: tests/integration/test_hyv4_exactness.py (written, not yet run)"),
     ModelFamily(
         "LongCat-Flash (sparse attention)", ("LongcatFlashForCausalLM",), ("LongcatFlashForCausalLMNextN",),
         "longcat_flash.py", adds=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}),

@@ -198,6 +198,8 @@ def flash_mla_stub() -> types.ModuleType:
     def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink=None, topk_length=None):
         m.calls.append("flash_mla_sparse_fwd")
         o, lse = ref_sparse_mla(q, kv.reshape(kv.shape[0], -1), indices[:, 0], sm_scale, d_v, topk_length)
+        if attn_sink is not None:   # FlashMLA's sink: out * e^lse / (e^lse + e^sink) (a stand-in must not drop it)
+            o = o * torch.sigmoid(lse - attn_sink.double().view(1, -1)).nan_to_num(0.0).unsqueeze(-1)
         # the legacy kernel SGLang calls (return_log2_lse): max_logits and lse [s_q, h] float32 in base 2,
         # lse +inf for a query with no valid index; max_logits is not reproduced (NaN: reading it fails loudly)
         lse2 = lonely_lse(lse / math.log(2.0)).float()

@@ -42,7 +42,7 @@ import logging
 
 import torch
 
-from .attention_kwargs import refuse_unimplemented
+from .attention_kwargs import ATTN_SINK, SINKS_IMPLEMENTED, refuse_unimplemented
 from .cuda_graph import graph_rows, replay_rows
 from .padding import real_rows
 from .query_layout import ROLE_DRAFT_DECODE, ROLE_DRAFT_EXTEND, ROLE_TARGET, accepts_early_plans
@@ -150,7 +150,8 @@ def backend_class():
                     self.ess.fence_host(layer.layer_id)
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
-            refuse_unimplemented(kwargs, "dsa (ESS on)")   # e.g. attn_sink: the store's paths would drop it
+            refuse_unimplemented(kwargs, "dsa (ESS on)", SINKS_IMPLEMENTED)   # attn_sink reaches every path
+            sink = kwargs.get(ATTN_SINK)     # the prefill kernel gets it in SGLang's own kwargs (_call)
             mode = forward_batch.forward_mode
             self.ess.fence_host(layer.layer_id)    # this layer's zeroing of released rows lands before the write
             if k is not None and save_kv_cache:
@@ -160,7 +161,7 @@ def backend_class():
                 # MTP: the window's union through hot buffer and ring (store/verify.py), attended by
                 # _CudaKernels.gathered over the absorbed query
                 q_all = self._q_all(q, q_rope, layer)
-                out = self._forward.extend(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk_indices)
+                out = self._forward.extend(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk_indices, sink)
                 return out.view(q_all.shape[0], layer.tp_q_head_num, -1)
             # the prefill kernel reads SGLang's own arguments (_call); the store path (riding decode
             # rows of a mixed chunked-prefill batch) reads the absorbed query
@@ -170,7 +171,7 @@ def backend_class():
                 if any(self._forward.riding(forward_batch, self._forward.layout(forward_batch))):
                     q_all = self._q_all(q, q_rope, layer)
                     q_in = q_all.reshape(q_all.shape[0], -1)
-                return self._forward.extend(q_in, layer, forward_batch, topk_indices)
+                return self._forward.extend(q_in, layer, forward_batch, topk_indices, sink)
             finally:
                 self._call = None
 
@@ -181,14 +182,14 @@ def backend_class():
                     self.ess.fence_host(layer.layer_id)
                 return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope,
                                               k_rope=k_rope, topk_indices=topk_indices, **kwargs)
-            refuse_unimplemented(kwargs, "dsa (ESS on)")
+            refuse_unimplemented(kwargs, "dsa (ESS on)", SINKS_IMPLEMENTED)
             self.ess.fence_host(layer.layer_id)
             if k is not None and save_kv_cache:
                 self._forward.save(layer, forward_batch, lambda: self.token_to_kv_pool.set_mla_kv_buffer(
                     layer, forward_batch.out_cache_loc, k, k_rope))
             q_all = self._q_all(q, q_rope, layer)
             topk = self._pad_topk_indices(topk_indices, q_all.shape[0])
-            out = self._forward.decode(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk)
+            out = self._forward.decode(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk, kwargs.get(ATTN_SINK))
             return out.view(q_all.shape[0], layer.tp_q_head_num, -1)     # [b, H, R], as SGLang's kernels return
 
     EssDeepseekSparseAttnBackend.__qualname__ = "EssDeepseekSparseAttnBackend"
@@ -208,11 +209,12 @@ class _CudaKernels:
         self.base = base
         self._schedules: dict = {}      # flashmla_kv tile schedules of partial batches, by row count
 
-    def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx):
+    def prefill(self, q, layer, forward_batch, topk_pos, tok_req, token_idx, sink=None):
         """SGLang's extend kernel over the whole batch (its metadata is the batch's). In a mixed
         chunked-prefill batch (`token_idx`: the prefill rows' tokens) the riding decode rows' top-k
         are masked to -1, so the kernel reads nothing for them (the store serves them), and only the
-        prefill rows' outputs are returned."""
+        prefill rows' outputs are returned. `sink`: also in SGLang's own kwargs (attn_sink), which its
+        extend kernel takes (SGLang: flashmla_sparse only)."""
         b = self.b
         q_orig, v, q_rope, kwargs, topk_all = b._call
         topk = topk_pos
@@ -251,12 +253,13 @@ class _CudaKernels:
             return flashmla_lse.decode_kv(b, q3, kv, slots, layer, self._schedules)
         return flashmla_lse.decode_sparse(b, q3, kv, slots, layer)
 
-    def gathered(self, q, layer, rows, valid):
+    def gathered(self, q, layer, rows, valid, sink=None):
         """MTP verify / draft extend: q [T, H*D] absorbed queries, rows [T, k, kv_dim] in the pool's
         storage dtype (uint8 656-B rows for FP8), valid [T, k] -> [T, H*R]. A torch attention over
         the decoded rows (GATHERED_ACC_DTYPE accumulation, fp32): correct on any GPU; SGLang's sparse prefill kernel
-        over a gathered buffer would be faster and is not wired."""
-        from sgl_ess.attention.reference import attend
+        over a gathered buffer would be faster and is not wired. `sink` [H]: learnable sink logits
+        counted in each query's softmax (reference.with_sink)."""
+        from sgl_ess.attention.reference import attend, with_sink
 
         b = self.b
         lay = b.ess.latent_layout()
@@ -267,7 +270,8 @@ class _CudaKernels:
         step = max(1, GATHERED_CHUNK_BYTES // max(1, k * lay.dim * acc.itemsize))   # decoded rows per chunk: bounded
         for i in range(0, t, step):
             lat = lay.decode(rows[i:i + step].contiguous().view(torch.uint8))     # [t', k, D] fp32
-            o, _ = attend(q3[i:i + step], lat, valid[i:i + step], layer.v_head_dim, layer.scaling, acc)
+            o, lse = attend(q3[i:i + step], lat, valid[i:i + step], layer.v_head_dim, layer.scaling, acc)
+            o, _ = with_sink(o, lse, sink)
             out[i:i + step] = o.to(q.dtype).reshape(o.shape[0], -1)
         return out
 

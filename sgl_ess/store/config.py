@@ -43,6 +43,9 @@ class StoreConfig:
     ring_micro_batches:    sub-batches of one layer that may be in flight at once (DBA halves x
                            Two-Batch-Overlap micro-batches); each gets its own ring group
     spec_slots:            rows per layer parity for speculative prefetch (0 = the tier is off)
+    verify_rows_per_request: slot-space rows per request row for an MTP forward's own (window) rows and
+                           the union's overflow, read by the sparse kernel as slots (store/verify_slots.py;
+                           0 = no MTP; integration/sglang/pools/device_budget.verify_rows_per_request)
     resolver_backend:      "auto" (Triton kernel on CUDA; on the CPU the numba kernel when numba
                            imports, else torch) | "torch" | "triton" | "numba"
     layer_anchors:         shared-index layers (GLM-5.2 indexer_types "shared"): per layer, the layer whose
@@ -67,6 +70,7 @@ class StoreConfig:
     spec_slots: int = 0
     resolver_backend: str = "auto"
     hot_groups: int = 0
+    verify_rows_per_request: int = 0
     layer_anchors: tuple = ()
 
     def __post_init__(self) -> None:
@@ -81,7 +85,8 @@ class StoreConfig:
             raise StoreConfigError(
                 f"warmup_window={self.warmup_window}: expected >= 0 (0 disables LRU warmup); "
                 "set --ess-warmup-queries")
-        if self.ring_slots < 0 or self.ring_micro_batches < 1 or self.spec_slots < 0:
+        if (self.ring_slots < 0 or self.ring_micro_batches < 1 or self.spec_slots < 0
+                or self.verify_rows_per_request < 0):
             raise StoreConfigError(
                 f"ring_slots={self.ring_slots}, ring_micro_batches={self.ring_micro_batches}: expected "
                 "ring_slots >= 0 (0 = derive) and ring_micro_batches >= 1; set --ess-ring-slots")
@@ -159,7 +164,8 @@ class StoreConfig:
         (prefetch/stream_engine.py). Built at start: scratch a step allocates later is not in it."""
         n_layers, r, n = self.num_layers, self.groups, self.hot_slots_per_request
         staged = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
-        rows = -(-(n_layers * r * n + staged) // PAGE_ROWS) * PAGE_ROWS
+        verify = self.max_requests * self.verify_rows_per_request     # MTP window / overflow rows (no tags)
+        rows = -(-(n_layers * r * n + staged + verify) // PAGE_ROWS) * PAGE_ROWS
         return {"slot_rows": rows * self.row_bytes, "ring_tags": 8 * staged,
                 # slot -> token int64, LRU order int32: one table per anchor layer (shared-index layers: none)
                 "lru_state": self.slot_tables * (r + 1) * n * (8 + 4),

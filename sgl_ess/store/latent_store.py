@@ -101,7 +101,7 @@ class LatentStore:
         self._owns_host = handed_in is None
         self.slots = SlotSpace(cfg.num_layers, cfg.groups, cfg.hot_slots_per_request, cfg.row_bytes,
                                cfg.ring_groups, cfg.ring_slots_per_group, dev, spec_slots=cfg.spec_slots,
-                               lock=cfg.lock_host)
+                               lock=cfg.lock_host, verify_rows=cfg.max_requests * cfg.verify_rows_per_request)
         # one LRU slot table per anchor layer (= per layer without shared-index layers)
         self._table = [cfg.table_of(layer) for layer in range(cfg.num_layers)]
         self._grouped = cfg.slot_tables != cfg.num_layers

@@ -5,6 +5,8 @@ Memory (allocated once, owned here): `rows uint8 [total_slots, row_bytes]` holdi
   staging rings  ring group g, ring slot i    -> row  L*R*N + g*C + i
   speculative    parity p, slot i             -> row  L*R*N + G*C + p*C_spec + i  (rows staged
                  for a layer before it asks: the speculative prefetch tier)
+  MTP scratch    request row r, row j         -> row  verify_base + r*V + j  (an MTP forward's own
+                 window rows and its union's overflow, copied per layer; store/verify_slots.py)
   padding        up to a multiple of 64 rows (FlashMLA views the cache as 64-row pages)
 and `ring_tags int64 [G*C + 2*C_spec]`, indexed by row - ring_base: the sequence number of the
 fetch that last landed in each ring or speculative slot (-1: none). A reader accepts a ring row only when its tag equals its own plan's sequence number,
@@ -32,7 +34,7 @@ from sgl_ess.store.config import PAGE_ROWS   # one page size for the layout and 
 class SlotSpace:
     def __init__(self, num_layers: int, max_requests: int, slots_per_request: int, row_bytes: int,
                  ring_groups: int, ring_slots: int, device: torch.device | str, spec_slots: int = 0,
-                 lock: bool = False):
+                 lock: bool = False, verify_rows: int = 0):
         self.num_layers = num_layers
         self.max_requests = max_requests
         self.slots_per_request = slots_per_request
@@ -44,7 +46,9 @@ class SlotSpace:
         self.hot_rows_per_layer = max_requests * slots_per_request
         self.ring_base = num_layers * self.hot_rows_per_layer
         self.spec_base = self.ring_base + ring_groups * ring_slots
-        used = self.spec_base + 2 * spec_slots
+        tagged = self.spec_base + 2 * spec_slots
+        self.verify_base = tagged
+        used = tagged + verify_rows
         self.total_slots = -(-used // PAGE_ROWS) * PAGE_ROWS
         if self.total_slots >= 2 ** 31:
             raise ValueError(
@@ -52,14 +56,14 @@ class SlotSpace:
                 "+ ring); lower --ess-hot-slots-per-request or --max-running-requests")
         self.segment: SharedSegment | None = None
         if self.device.type == "cpu":
-            tag_bytes = 8 * max(1, used - self.ring_base)
+            tag_bytes = 8 * max(1, tagged - self.ring_base)
             self.segment = SharedSegment(self.total_slots * row_bytes + tag_bytes, label=SLOTS_LABEL, lock=lock)
             self.rows = self.segment.tensor(torch.uint8, (self.total_slots, row_bytes))
-            self.ring_tags = self.segment.tensor(torch.int64, (used - self.ring_base,),
+            self.ring_tags = self.segment.tensor(torch.int64, (tagged - self.ring_base,),
                                                  offset_bytes=self.total_slots * row_bytes)
         else:
             self.rows = torch.zeros((self.total_slots, row_bytes), dtype=torch.uint8, device=self.device)
-            self.ring_tags = torch.empty((used - self.ring_base,), dtype=torch.int64, device=self.device)
+            self.ring_tags = torch.empty((tagged - self.ring_base,), dtype=torch.int64, device=self.device)
         self.ring_tags.fill_(-1)
 
     # --- addressing ---------------------------------------------------------------------

@@ -65,11 +65,6 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
                                 zero_backend="torch")
         mod.LatentStore._make_engine = _make_engine
 
-    def _cuda_backend(mod):
-        import torch
-
-        mod.GATHERED_ACC_DTYPE = torch.float64   # MTP verify's torch attention: float64, as the CPU path's
-
     def _torch_cuda(mod):
         mod.get_device_capability = lambda *a, **k: (9, 0)
 
@@ -113,7 +108,6 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
                 "sglang.srt.mem_cache.kv_cache_configurator": _kv_cache_configurator,
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
                 "sgl_ess.store.latent_store": _latent_store,
-                "sgl_ess.integration.sglang.backends.cuda_backend": _cuda_backend,
                 "torch.cuda": _torch_cuda,
                 "sglang.srt.utils.common": _sglang_utils_common}
 

@@ -239,8 +239,9 @@ def gpu_fake_mtp(request, ess_env, monkeypatch):
     from sglang.srt.runtime_context import get_parallel
 
     ess_env(hot_slots_per_request=request.param)
-    stub, ov = install_gpu_fakes(monkeypatch, decode_impl="flashmla_sparse", speculative_num_draft_tokens=NDRAFT,
-                                 speculative_eagle_topk=1, speculative_num_steps=3)
+    stub, ov = install_gpu_fakes(monkeypatch, decode_impl="flashmla_sparse", speculative_algorithm="EAGLE",
+                                 speculative_num_draft_tokens=NDRAFT, speculative_eagle_topk=1,
+                                 speculative_num_steps=3)
     with get_parallel().override(attn_dcp_rank=0):
         req_pool, alloc = fr.shared_pools()
         target, draft = cuda_runner(req_pool, alloc, LAYERS), cuda_runner(req_pool, alloc, 1)

@@ -37,15 +37,18 @@ def _device_bytes(root, device: torch.device) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize("spec_slots, ring_slots, requests, hot_groups",
-                         [(0, 0, 5, 0), (48, 0, 9, 0), (0, 70, 3, 0), (48, 0, 30, 7)])
-def test_device_allocation_is_what_the_store_allocates(spec_slots, ring_slots, requests, hot_groups):
+@pytest.mark.parametrize("spec_slots, ring_slots, requests, hot_groups, verify_rows",
+                         [(0, 0, 5, 0, 0), (48, 0, 9, 0, 0), (0, 70, 3, 0, 0), (48, 0, 30, 7, 0), (0, 0, 9, 0, 16),
+                          (48, 0, 30, 7, 4)])
+def test_device_allocation_is_what_the_store_allocates(spec_slots, ring_slots, requests, hot_groups, verify_rows):
     """Issue 32: measured, not listed. The store is built on the meta device (every tensor it puts on its
     device has a size and no memory; its host pool stays on the CPU), with the engine CUDA gives it (the
-    stream engine, its streams a double), and every meta storage it holds is summed."""
+    stream engine, its streams a double), and every meta storage it holds is summed. `verify_rows`: the MTP
+    scratch rows per request row (issue 35, store/verify_slots.py) are in it."""
     cfg = StoreConfig(num_layers=3, row_bytes=40, host_capacity_tokens=64, hot_slots_per_request=20,
                       max_requests=requests, topk=8, max_context_tokens=300, spec_slots=spec_slots,
-                      ring_slots=ring_slots, hot_groups=hot_groups, device="meta", resolver_backend="torch")
+                      ring_slots=ring_slots, hot_groups=hot_groups, device="meta", resolver_backend="torch",
+                      verify_rows_per_request=verify_rows)
     store = LatentStore(cfg, transfer_backend="torch", engine="inline",
                         speculative="next_layer" if spec_slots else "off")
     store.engine = StreamEngine(store.memory, "torch", device="meta", runtime=LateStreams(), zero_backend="torch")
@@ -74,14 +77,16 @@ def hook(monkeypatch):
     monkeypatch.setenv(ENV_CONFIG_JSON, EssConfig(hot_slots_per_request=20).to_json())
     monkeypatch.setattr(cuda_memory, "latent_bytes_per_token", lambda kvc, n: 656 * n)
     monkeypatch.setattr(runtime_context, "get_schedule", lambda: SimpleNamespace(max_running_requests=7))
-    spec = SimpleNamespace(speculative_algorithm=None)
+    spec = SimpleNamespace(speculative_algorithm=None, speculative_num_draft_tokens=None,
+                           max_speculative_num_draft_tokens=None)
     monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
     return cuda_memory, spec
 
 
-def _store_bytes(layers: int, rows: int = 8) -> int:
+def _store_bytes(layers: int, rows: int = 8, verify_rows: int = 0) -> int:
     cfg = StoreConfig(num_layers=layers, row_bytes=656, host_capacity_tokens=1, hot_slots_per_request=20,
-                      max_requests=rows, topk=8, max_context_tokens=1024)   # 7 running + SGLang's padding row
+                      max_requests=rows, topk=8, max_context_tokens=1024,   # 7 running + SGLang's padding row
+                      verify_rows_per_request=verify_rows)
     return sum(cfg.device_allocation().values())
 
 
@@ -90,9 +95,12 @@ def test_pool_budget_leaves_room_for_the_store(hook):
     avail = 1 << 30
     got = cuda_memory._around_profile_available_bytes(lambda self, pre: avail, _kvc(), 0)
     assert got == avail - _store_bytes(4)
-    spec.speculative_algorithm = "EAGLE"             # the draft runner's store (1 MTP layer) too
+    spec.speculative_algorithm = "EAGLE"             # the draft runner's store (1 MTP layer) too, and in both
+    spec.speculative_num_draft_tokens = 4            # the MTP scratch rows: 4 window rows + the union's overflow
+    scratch = 4 + (4 * 8 - 20)                       # past 20 hot slots (4 top-8 sets: up to 32 distinct)
     got = cuda_memory._around_profile_available_bytes(lambda self, pre: avail, _kvc(), 0)
-    assert got == avail - _store_bytes(4) - _store_bytes(1)
+    assert got == avail - _store_bytes(4, verify_rows=scratch) - _store_bytes(1, verify_rows=scratch)
+    assert _store_bytes(4, verify_rows=scratch) > _store_bytes(4)
 
 
 def test_pool_budget_unchanged_off_cuda_and_for_the_draft_worker(hook):

@@ -22,6 +22,7 @@ import torch
 from sgl_ess.core.lru_oracle import LruOracle
 from sgl_ess.store.verify import (CommittedRows, check_window, compact_union, distinct_ranks, gather_rows,
                                   plan_union)
+from sgl_ess.store.verify_slots import slot_table
 from tests.unit.store.helpers import make_store, token_rows
 
 ROW, LAYERS, K, NDRAFT, STEPS = 16, 2, 8, 4, 14
@@ -62,17 +63,21 @@ def _topk(g, c: int, prev: list[int]) -> list[list[int]]:
     return rows
 
 
-def _run(n_slots: int, seed: int = 0, engine: str = "inline", watcher=None):
+def _run(n_slots: int, seed: int = 0, engine: str = "inline", watcher=None, by_slot: bool = False):
     """`engine` "stream_gpu_fake": the CUDA side-stream engine, streams late and out of order, and
     the store's part of each step (admission, union plan, land, gather, commit) run unvalidated
-    under `watcher` (tests/host_reads.py), as the CUDA backend runs it."""
+    under `watcher` (tests/host_reads.py), as the CUDA backend runs it. `by_slot`: the store has MTP
+    scratch rows and every step's slot table (store/verify_slots.py, what the CUDA kernels read) is
+    checked to address exactly the bytes the gathered rows hold."""
     import contextlib
 
     g = torch.Generator().manual_seed(seed)
     b = len(CONTEXTS)
     fake = engine == "stream_gpu_fake"
+    scratch = NDRAFT + max(0, NDRAFT * K - n_slots) if by_slot else 0
     store, table = make_store(layers=LAYERS, row_bytes=ROW, host_tokens=4096, n=n_slots, max_requests=8, k=K,
-                              max_context=1024, engine="inline" if fake else engine)
+                              max_context=1024, engine="inline" if fake else engine,
+                              verify_rows_per_request=scratch)
     if fake:
         from sgl_ess.prefetch.stream_engine import StreamEngine
         from tests.stream_doubles import LateStreams
@@ -121,6 +126,11 @@ def _run(n_slots: int, seed: int = 0, engine: str = "inline", watcher=None):
                 plan = plan_union(store, layer, reqs, c, topk, r2h, validate=not fake)
                 store.land(plan.step)
                 got, valid = gather_rows(store, plan, layer)
+                if by_slot:
+                    slots = slot_table(store, plan, layer, reqs, c, topk, r2h)
+            if by_slot:         # the slot table reads every entry's bytes from the slot space, nothing else
+                assert torch.equal(slots >= 0, valid) and slots.dtype == torch.int32
+                assert torch.equal(store.slot_rows[slots.long().clamp(min=0)][valid], got[valid])
             for i in range(b):                                           # oracle: admission, oldest first
                 oracle[(layer, i)].access(range(admitted_from[i], committed[i]))
             assert torch.equal(valid, (topk >= 0).reshape(b * NDRAFT, K))
@@ -200,6 +210,31 @@ def test_gpu_fake_stream_engine_exact_and_no_host_read(n_slots, monkeypatch):
     overflow, window, admitted = _run(n_slots=n_slots, seed=3, engine="stream_gpu_fake", watcher=watcher)
     assert window > 0 and admitted > 0 and (overflow > 0) == (n_slots < NDRAFT * K)
     assert watcher.seen == [], f"host reads in the verify path: {sorted(set(watcher.seen))}"
+
+
+@pytest.mark.parametrize("n_slots", [40, 12])
+def test_slot_table_addresses_the_gathered_bytes(n_slots):
+    """Issue 35 item 2: the CUDA kernels read an MTP forward's union by slot (hot slots, ring rows, and the
+    window / overflow rows copied into the slot space's MTP scratch rows), not as gathered rows: at every
+    step and layer each valid entry's slot holds exactly the bytes gather_rows reads, padding is -1."""
+    overflow, window, _ = _run(n_slots=n_slots, seed=4, by_slot=True)
+    assert window > 0 and (overflow > 0) == (n_slots < NDRAFT * K)
+
+
+def test_slot_table_refuses_a_store_without_room():
+    """A store sized for fewer draft tokens than the forward has: a clear error naming the fix."""
+    store, table = make_store(layers=1, row_bytes=ROW, host_tokens=512, n=40, max_requests=4, k=K, max_context=256,
+                              verify_rows_per_request=NDRAFT - 1)
+    table.add("r", 100)
+    reqs = table.indices(["r"])
+    c = torch.tensor([90])
+    topk = torch.full((1, NDRAFT, K), -1, dtype=torch.int64)
+    topk[0, :, 0] = 5
+    plan = plan_union(store, 0, reqs, c, topk, table.req_to_host)
+    store.land(plan.step)
+    with pytest.raises(RuntimeError, match="speculative-num-draft-tokens"):
+        slot_table(store, plan, 0, reqs, c, topk, table.req_to_host)
+    store.commit(plan.step)
 
 
 def test_worker_engine():

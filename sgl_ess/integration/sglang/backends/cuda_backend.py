@@ -24,10 +24,11 @@ MTP (EAGLE / NextN, one chain): SGLang's draft factory builds this class for the
 its roles follow the constructor (draft steps: DRAFT_DECODE, reading committed rows only; the
 draft's prefill / DRAFT_EXTEND_V2 backend: DRAFT_EXTEND), and TARGET_VERIFY / DRAFT_EXTEND_V2 go
 through the store's union (store/verify.py: hot buffer and ring; the window's own rows and any
-overflow read zero-copy by FlashTrans, only those entries, counted), attended by a torch attention
-over the decoded rows (``_CudaKernels.gathered``). Mixed chunked prefill: the prefill rows run
-SGLang's extend kernel (the riding decode rows' top-k masked out), the riding decode rows the
-store's decode path. A decode step reads nothing back to the host (padding rows from SGLang's
+overflow copied zero-copy by FlashTrans, only those rows, into the slot space's MTP scratch rows:
+store/verify_slots.py), attended by SGLang's decode kernel over the slot table, as SGLang runs its
+own TARGET_VERIFY (``_CudaKernels.verify_slots``; no torch attention on CUDA). Mixed chunked
+prefill: the prefill rows run SGLang's extend kernel (the riding decode rows' top-k masked out),
+the riding decode rows the store's decode path. A decode step reads nothing back to the host (padding rows from SGLang's
 count of real tokens, padding.py; the write-position check a device-side assertion; checked in the
 GPU fake). Decode CUDA graphs are off unless ``--ess-cuda-graph`` (cuda_graph.py: SGLang's capture
 batches take a device-padded decode path, the side streams join the graph at its last layer, and
@@ -51,8 +52,6 @@ from .store_forward import StoreForward
 logger = logging.getLogger(__name__)
 
 SUPPORTED_DECODE_IMPLS = ("flashmla_kv", "flashmla_sparse")
-GATHERED_CHUNK_BYTES = 64 << 20      # MTP verify: decoded fp32 rows per chunk (outside SGLang's pool budget)
-GATHERED_ACC_DTYPE = torch.float32   # MTP verify's torch attention accumulates in this (a GPU fake: float64)
 
 _cls = None
 
@@ -159,7 +158,7 @@ def backend_class():
                     layer, forward_batch.out_cache_loc, k, k_rope))
             if mode.is_target_verify() or mode.is_draft_extend_v2():
                 # MTP: the window's union through hot buffer and ring (store/verify.py), attended by
-                # _CudaKernels.gathered over the absorbed query
+                # _CudaKernels.verify_slots (SGLang's decode kernel) over the absorbed query
                 q_all = self._q_all(q, q_rope, layer)
                 out = self._forward.extend(q_all.reshape(q_all.shape[0], -1), layer, forward_batch, topk_indices, sink)
                 return out.view(q_all.shape[0], layer.tp_q_head_num, -1)
@@ -253,27 +252,29 @@ class _CudaKernels:
             return flashmla_lse.decode_kv(b, q3, kv, slots, layer, self._schedules)
         return flashmla_lse.decode_sparse(b, q3, kv, slots, layer)
 
-    def gathered(self, q, layer, rows, valid, sink=None):
-        """MTP verify / draft extend: q [T, H*D] absorbed queries, rows [T, k, kv_dim] in the pool's
-        storage dtype (uint8 656-B rows for FP8), valid [T, k] -> [T, H*R]. A torch attention over
-        the decoded rows (GATHERED_ACC_DTYPE accumulation, fp32): correct on any GPU; SGLang's sparse prefill kernel
-        over a gathered buffer would be faster and is not wired. `sink` [H]: learnable sink logits
-        counted in each query's softmax (reference.with_sink)."""
-        from sgl_ess.attention.reference import attend, with_sink
-
+    def verify_slots(self, q, layer, slot_rows, slots, sink=None):
+        """MTP verify / draft extend: q [T, H*D] absorbed queries, slots int32 [T, k] rows of the slot
+        space (hot slots, ring rows, the MTP scratch rows holding the window and overflow entries:
+        store/verify_slots.py; -1 excluded) -> [T, H*R]. SGLang's own decode kernel over the slot
+        space, as its DSA backend runs TARGET_VERIFY / DRAFT_EXTEND_V2 (dsa_decode_impl over the
+        expanded per-token page table, the forward's FlashMLA metadata); the Triton decode for
+        other decode impls. A batch with SGLang's padding tokens passes only its real rows here:
+        the kernel gets the metadata's token count, the padding rows masked (-1). `sink` [H]:
+        learnable sink logits, counted once from the kernel's log-sum-exp (reference.with_sink)."""
         b = self.b
-        lay = b.ess.latent_layout()
-        t, k = rows.shape[0], rows.shape[1]
+        t, k = slots.shape
         q3 = q.reshape(t, layer.tp_q_head_num, -1)
-        out = q.new_empty(t, layer.tp_q_head_num * layer.v_head_dim)
-        acc = GATHERED_ACC_DTYPE
-        step = max(1, GATHERED_CHUNK_BYTES // max(1, k * lay.dim * acc.itemsize))   # decoded rows per chunk: bounded
-        for i in range(0, t, step):
-            lat = lay.decode(rows[i:i + step].contiguous().view(torch.uint8))     # [t', k, D] fp32
-            o, lse = attend(q3[i:i + step], lat, valid[i:i + step], layer.v_head_dim, layer.scaling, acc)
-            o, _ = with_sink(o, lse, sink)
-            out[i:i + step] = o.to(q.dtype).reshape(o.shape[0], -1)
-        return out
+        seqlens = getattr(b.forward_metadata, "dsa_cache_seqlens_int32", None)
+        full = int(seqlens.shape[0]) if seqlens is not None else t
+        if full > t:          # FlashMLA's metadata covers every token of the forward
+            q3 = torch.cat([q3, q3.new_zeros(full - t, *q3.shape[1:])])
+            slots = torch.cat([slots, slots.new_full((full - t, k), -1)])
+        out, lse = self.slots(q3, layer, slot_rows, slots)
+        if sink is not None:
+            from sgl_ess.attention.reference import with_sink
+
+            out, _ = with_sink(out, lse, sink)
+        return out[:t].reshape(t, -1)
 
     def newest(self, layer, loc):
         return self.b.token_to_kv_pool.get_key_buffer(layer.layer_id)[loc.long()]   # zero-copy read

@@ -58,7 +58,10 @@ class AttentionKernels(Protocol):
 
     def gathered(self, q, layer, rows: torch.Tensor, valid: torch.Tensor,
                  sink: torch.Tensor | None = None) -> torch.Tensor:
-        """MLA over gathered latent rows: rows [T, k, D], valid [T, k], sink as in prefill -> [T, H*R]."""
+        """MLA over gathered latent rows: rows [T, k, D], valid [T, k], sink as in prefill -> [T, H*R].
+        Kernels that have ``verify_slots(q, layer, slot_rows, slots int32 [T, k], sink=None) -> [T, H*R]``
+        instead (a sparse kernel over the slot space: CUDA) get the union as a slot table
+        (store/verify_slots.py) and no gathered rows."""
 
     def newest(self, layer, loc: torch.Tensor) -> torch.Tensor:
         """The latent rows SGLang just stored at locations `loc` [b] -> [b, D] (cache dtype)."""
@@ -199,17 +202,23 @@ class StoreForward:
             check_write_positions(forward_batch.out_cache_loc[:b * n], reqs, committed, n, self.r2t,
                                   forward_batch.forward_mode.name, sync=self.ess.validate)
         if not real.padded:
-            topk3 = topk.reshape(b, n, topk.shape[-1])
-            return self.ess.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
-                                   lambda rows, valid: self.kernels.gathered(q, layer, rows, valid, **_sink(sink)),
-                                   micro_batch=self.backend.micro_batch_base)
+            return self._verify(q, layer, reqs, committed, topk.reshape(b, n, topk.shape[-1]), sink)
         out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         if b:
-            qr = q[:b * n]
-            out[:b * n] = self.ess.verify(layer.layer_id, reqs, committed, topk[:b * n].reshape(b, n, -1), self.r2t,
-                                          lambda rows, valid: self.kernels.gathered(qr, layer, rows, valid, **_sink(sink)),
-                                          micro_batch=self.backend.micro_batch_base)
+            out[:b * n] = self._verify(q[:b * n], layer, reqs, committed, topk[:b * n].reshape(b, n, -1), sink)
         return out
+
+    def _verify(self, q, layer, reqs, committed, topk3, sink):
+        """The store's verify with the kernels' attention: by slot over the slot space when they have
+        one (``verify_slots``: CUDA, SGLang's sparse kernels), else over gathered rows (CPU)."""
+        by_slot = getattr(self.kernels, "verify_slots", None)
+        if by_slot is not None:
+            return self.ess.verify(layer.layer_id, reqs, committed, topk3, self.r2t, None,
+                                   micro_batch=self.backend.micro_batch_base,
+                                   attend_slots=lambda rows, slots: by_slot(q, layer, rows, slots, **_sink(sink)))
+        return self.ess.verify(layer.layer_id, reqs, committed, topk3, self.r2t,
+                               lambda rows, valid: self.kernels.gathered(q, layer, rows, valid, **_sink(sink)),
+                               micro_batch=self.backend.micro_batch_base)
 
     def riding(self, forward_batch, lay: QueryLayout) -> list[bool]:
         """Per request of an extend batch: a running request riding in a mixed chunked-prefill

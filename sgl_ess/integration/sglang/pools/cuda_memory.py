@@ -49,6 +49,7 @@ def ess_device_bytes(kvc) -> dict[str, int]:
 
     from sgl_ess.config import EssConfig, config_from_env
 
+    from .device_budget import draft_tokens
     from .pool_adapter import store_config
 
     cfg = config_from_env() or EssConfig()
@@ -62,13 +63,14 @@ def ess_device_bytes(kvc) -> dict[str, int]:
     ctx = int(mc.context_len)
     layer_info = getattr(kvc, "layer_info", None)
     layers = int(getattr(layer_info, "num_effective_layers", 0) or mc.num_hidden_layers)
-    out = {"target": sum(store_config(cfg, layers, row, topk, request_rows, ctx, "cuda", 1)
+    draft_n = draft_tokens()          # MTP: the stores' scratch rows for the forward's own rows
+    out = {"target": sum(store_config(cfg, layers, row, topk, request_rows, ctx, "cuda", 1, draft_tokens=draft_n)
                          .device_allocation().values())}
     algo = getattr(get_spec(), "speculative_algorithm", None)
     if algo not in (None, "", "NONE") and getattr(algo, "name", algo) != "NONE":
         draft = int(getattr(getattr(kvc, "spec_aux_config", None), "eagle_draft_num_layers", 0) or
                     getattr(mc.hf_config, "num_nextn_predict_layers", 1) or 1)
-        out["draft"] = sum(store_config(cfg, draft, row, topk, request_rows, ctx, "cuda", 1)
+        out["draft"] = sum(store_config(cfg, draft, row, topk, request_rows, ctx, "cuda", 1, draft_tokens=draft_n)
                            .device_allocation().values())
     return out
 

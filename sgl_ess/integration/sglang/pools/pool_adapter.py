@@ -51,12 +51,15 @@ def derive_hot_slots(cfg: EssConfig, topk: int, layers: int, row_bytes: int, max
 
 
 def store_config(cfg: EssConfig, layers: int, row_bytes: int, topk: int, request_rows: int, max_context: int,
-                 device: str, host_tokens: int, hot_buffers: int = 0):
+                 device: str, host_tokens: int, hot_buffers: int = 0, draft_tokens: int = 0):
     """The StoreConfig of a model runner's store: `request_rows` = SGLang's request rows
     (req_to_token rows: --max-running-requests + 1; a PD decode node adds its pre-allocation rows),
-    `max_context` its columns; `hot_buffers` (0: one per row) the requests that can run at once.
+    `max_context` its columns; `hot_buffers` (0: one per row) the requests that can run at once;
+    `draft_tokens` the query tokens per request of an MTP forward (0: no MTP; sizes its scratch rows).
     Also what the GPU budget reserves before the store exists (cuda_memory.py)."""
     from sgl_ess.store import StoreConfig
+
+    from .device_budget import verify_rows_per_request
 
     buffers = hot_buffers or request_rows
     hot = derive_hot_slots(cfg, topk, layers, row_bytes, buffers)
@@ -65,7 +68,8 @@ def store_config(cfg: EssConfig, layers: int, row_bytes: int, topk: int, request
                        hot_slots_per_request=hot, max_requests=request_rows, topk=topk,
                        max_context_tokens=max_context, device=device, warmup_window=cfg.warmup_queries,
                        ring_slots=cfg.ring_slots, spec_slots=spec, lock_host=cfg.lock_host_memory,
-                       hot_groups=hot_buffers if 0 < hot_buffers < request_rows else 0)
+                       hot_groups=hot_buffers if 0 < hot_buffers < request_rows else 0,
+                       verify_rows_per_request=verify_rows_per_request(draft_tokens, topk, hot))
 
 
 def running_rows(req_pool) -> int:
@@ -93,6 +97,8 @@ class EssPoolAdapter:
     def __init__(self, model_runner, cfg: EssConfig):
         from sgl_ess.store import LatentStore
 
+        from .device_budget import draft_tokens
+
         pool = model_runner.token_to_kv_pool
         host = getattr(pool, "ess_host_pool", None)
         if host is None:
@@ -112,7 +118,8 @@ class EssPoolAdapter:
         max_requests = req_to_token.shape[0]
         self.store_cfg = store_config(cfg, self.layers, self.row_bytes, self.topk, max_requests,
                                       req_to_token.shape[1], str(model_runner.device), host.capacity_tokens,
-                                      hot_buffers=running_rows(model_runner.req_to_token_pool))
+                                      hot_buffers=running_rows(model_runner.req_to_token_pool),
+                                      draft_tokens=draft_tokens())
         self.cfg = cfg
         # input checks read values back to the host: on the CPU once per step (layer 0), never on CUDA
         self.validate = str(model_runner.device) == "cpu"
@@ -415,12 +422,14 @@ class EssPoolAdapter:
             return self._committed_rows().admit(self.store, layer, reqs, committed, req_to_token, max_rows)
 
     def verify(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor, topk: torch.Tensor,
-               req_to_token: torch.Tensor, attend_rows, micro_batch: int = 0) -> torch.Tensor:
+               req_to_token: torch.Tensor, attend_rows, micro_batch: int = 0, attend_slots=None) -> torch.Tensor:
         """One layer of an MTP forward (TARGET_VERIFY, DRAFT_EXTEND_V2): the rows that became
         final since the last step are admitted, then the n top-k rows of each request resolve as
         one union set; window and overflow entries are read from the host pool.
         reqs/committed int64 [b]; topk int [b, n, k] positions;
-        attend_rows(rows [b*n, k, kv_dim] cache dtype, valid bool [b*n, k]) -> out."""
+        attend_rows(rows [b*n, k, kv_dim] cache dtype, valid bool [b*n, k]) -> out; or, given,
+        attend_slots(slot_rows, slots int32 [b*n, k]) -> out: a kernel reading the slot space by slot
+        (window and overflow rows in its MTP scratch rows: store/verify_slots.py), no row copy."""
         from sgl_ess.store.verify import gather_rows, plan_union
 
         with self._lock:
@@ -429,8 +438,14 @@ class EssPoolAdapter:
             plan = plan_union(self.store, layer, reqs, committed, topk, req_to_token, micro_batch=micro_batch,
                               validate=self.validate and layer == 0)
             self.store.land(plan.step)
-            rows, valid = gather_rows(self.store, plan, layer)
-            out = attend_rows(rows.view(self.dtype).view(rows.shape[0], rows.shape[1], self.kv_dim), valid)
+            if attend_slots is not None:
+                from sgl_ess.store.verify_slots import slot_table
+
+                out = attend_slots(self.store.slot_rows, slot_table(self.store, plan, layer, reqs, committed, topk,
+                                                                    req_to_token))
+            else:
+                rows, valid = gather_rows(self.store, plan, layer)
+                out = attend_rows(rows.view(self.dtype).view(rows.shape[0], rows.shape[1], self.kv_dim), valid)
             self.store.commit(plan.step)
             self.mtp_steps += 1
             self.mtp_window_entries += plan.window.sum()       # device counts: read by path_usage only

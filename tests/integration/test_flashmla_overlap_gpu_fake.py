@@ -174,3 +174,37 @@ def test_gpu_fake_flashmla_sparse_refuses_fp8_rows(ess_env, monkeypatch):
     q3 = torch.zeros(1, fr.HEADS, fr.KV_DIM, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="flashmla_kv for FP8 rows"):
         flashmla_lse.decode_sparse(backend, q3, None, torch.zeros(1, fr.TOPK, dtype=torch.int32), cuda_layer(0))
+
+
+def test_the_flashmla_calls_match_sglangs_flash_mla_interface_and_backend():
+    """flashmla_lse.py calls SGLang's flash_mla_interface itself (SGLang's wrappers drop the LSE) and reads
+    the DSA backend's own fields: an upgrade that renames a parameter or field, or changes the sparse
+    kernel's LSE base, fails here rather than on the first GPU run. The interface module imports FlashMLA's
+    wheel (CUDA only), so its source is read, not imported."""
+    import ast
+    import inspect
+    import pathlib
+
+    import sglang
+    from sglang.srt.layers.attention import dsa_backend as mod
+
+    path = pathlib.Path(sglang.__file__).parent / "kernels" / "ops" / "attention" / "flash_mla_interface.py"
+    source = path.read_text()
+    fns = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+
+    def params(name):
+        a = fns[name].args
+        return {x.arg for x in a.args + a.kwonlyargs}
+
+    assert {"q", "k_cache", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata", "num_splits", "softmax_scale",
+            "indices", "block_table", "is_fp8_kvcache", "kv_format"} <= params("flash_mla_with_kvcache")
+    assert {"q", "kv", "indices", "sm_scale", "d_v", "attn_sink", "topk_length"} <= params("flash_mla_sparse_fwd")
+    sparse = ast.get_source_segment(source, fns["flash_mla_sparse_fwd"])
+    assert "use_legacy: bool = True" in sparse and "return_log2_lse=True if use_legacy" in sparse   # base-2 LSE
+    B = mod.DeepseekSparseAttnBackend
+    assert list(inspect.signature(B._compute_flashmla_metadata).parameters)[1:] == ["cache_seqlens", "seq_len_q"]
+    init = inspect.getsource(B.__init__)
+    for field in ("flashmla_kv_num_q_heads", "physical_page_size", "kv_cache_dim", "dsa_index_topk",
+                  "flashmla_kv_format", "device_sm_major", "dsa_kv_cache_store_fp8"):
+        assert f"self.{field} =" in init or f"self.{field}: " in init, field
+    assert callable(mod.quantize_k_cache)

@@ -14,6 +14,7 @@ suites:
   sim        simulator validation report                                              (bench/sim_report.py)
   flashtrans FlashTrans GB/s on 656-byte rows vs a bulk pinned copy (CUDA)            (bench/flashtrans_bench.py)
   flashmla   FlashMLA sparse FP8 decode over the slot space vs the reference (CUDA)   (bench/flashmla_check.py)
+  host       host time per decode layer-step, ESS CUDA class vs SGLang's DSA backend (GPU fake) (bench/host_bench.py)
 Results go to bench/results/*.json with the command, commit, dirty flag and versions.
 """
 import importlib
@@ -23,7 +24,7 @@ SUITES = {"store": "bench.store_bench", "sim": "bench.sim_report", "serving": "b
           "prefetch": "bench.prefetch_bench", "ops": "bench.ops_bench", "kernels": "bench.kernels_bench",
           "flashtrans": "bench.flashtrans_bench", "flashmla": "bench.flashmla_check",
           "trace": "bench.trace_suite", "slo": "bench.slo_suite",
-          "pd": "bench.pd_suite", "tp_split": "bench.tp_split_bench"}
+          "pd": "bench.pd_suite", "tp_split": "bench.tp_split_bench", "host": "bench.host_bench"}
 
 
 def main() -> int:

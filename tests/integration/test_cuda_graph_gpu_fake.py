@@ -33,11 +33,13 @@ LAYERS, CHUNK, BS = 2, 16, 4
 BF16_ULP = 2.0 ** -8
 
 
-@pytest.fixture(params=[("flashmla_kv", "da"), ("flashmla_sparse", "da"), ("flashmla_kv", "none")],
-                ids=["flashmla_kv-da", "flashmla_sparse-da", "flashmla_kv-none"])
+@pytest.fixture(params=[("flashmla_kv", "da"), ("flashmla_sparse", "da"), ("flashmla_kv", "none"), ("flashmla_sparse", "dba")],
+                ids=["flashmla_kv-da", "flashmla_sparse-da", "flashmla_kv-none", "flashmla_sparse-dba"])
 def graph_fakes(request, ess_env, monkeypatch):
     """make() -> (backend, runner, streams): a CUDA backend class on its own pools and store, any number.
-    Overlap level da: the indexer's hand-off plans each layer (early plans); none: attention does."""
+    Overlap level da: the indexer's hand-off plans each layer (early plans); dba: one early plan per half
+    batch (each its own fetch), DA per half; none: attention does. da and dba split FlashMLA's attention
+    into calls merged by LSE (flashmla_lse.py)."""
     from sglang.srt.model_executor import forward_context
     from sglang.srt.runtime_context import get_parallel
 
@@ -225,7 +227,8 @@ def test_gpu_fake_a_captured_decode_step_replays_exactly_as_requests_come_and_go
     assert usage["graph_captures"] == 2 and usage["graph_replays"] == 5 and usage["graph_rows"] == 3 + 3 + 2 + 3 + 2
     # host counters: one plan per layer per step that ran - 2 warm-ups x 2 sizes, 5 replays (counted by the
     # replay hook: no Python of ours ran), 1 eager step; the captures' own runs moved no device and are not counted
-    ran = (2 * 2 + 5 + 1) * LAYERS
+    # (dba: one plan per half batch, every batch here has two rows or more)
+    ran = (2 * 2 + 5 + 1) * LAYERS * (2 if ess.mode(0) == "dba" else 1)
     assert plans() == (plans_before[0] + ran, plans_before[1] + ran), (plans(), plans_before, ran)
 
 

@@ -76,6 +76,14 @@ def test_the_nodes_gpus_bound_the_ranks_and_the_hot_buffers():
     assert s["device_bytes_per_device"] == sum(store.device_allocation().values())
     assert s["device_bytes_per_device"] > 61 * 65 * 8192 * 656     # more than 4 x index_topk slots x 65 rows alone
     assert s["device_allocation"]["token_map"] == 66 * 32769 * 4    # request rows + 1, context + 1, int32
+    # MTP (issue 35): the scratch rows of a verify's own rows, 4 per request row with 4 draft tokens
+    _, mtp = _plan(["--tp-size", "8", "--context-length", "32768", "--speculative-algorithm", "EAGLE",
+                    "--speculative-num-draft-tokens", "4"])
+    mtp_store = StoreConfig(num_layers=61, row_bytes=656, host_capacity_tokens=1, hot_slots_per_request=4 * 2048,
+                            max_requests=65, topk=2048, max_context_tokens=32768, device="cuda",
+                            ring_slots=build_config(None, {}, environ={}).ring_slots, verify_rows_per_request=4)
+    assert mtp["device_allocation"] == mtp_store.device_allocation()
+    assert mtp["device_allocation"]["slot_rows"] > s["device_allocation"]["slot_rows"]
     _, dp = _plan(["--tp-size", "8", "--dp-size", "8", "--enable-dp-attention"])
     assert dp["request_rows"] == 64 // 8 + 1                          # per DP-attention worker, as the scheduler
     with pytest.raises(PreflightError, match=r"ESS store .* needs .* GiB on each GPU, but a GPU has 16\.0 GiB"):

@@ -161,8 +161,11 @@ def store_device_bytes(cfg: EssConfig, geo: ModelGeometry, out: list[str], runni
     ctx = int_flag(out, "--context-length") or geo.context_len or 131072
     ctx_source = ("--context-length" if int_flag(out, "--context-length") else
                   "the model's config" if geo.context_len else "not known: StoreConfig's default")
+    # MTP: the store's scratch rows for a verify's own rows (store/verify_slots.py), from the draft-token
+    # count given on the command line (SGLang's own default, when it is not given, is not known here)
+    draft = (int_flag(out, "--speculative-num-draft-tokens") or 0) if flag_value(out, "--speculative-algorithm") else 0
     sc = store_config(cfg, geo.layers, geo.latent_row_bytes, int(geo.index_topk), rows, ctx,
-                      "cuda" if has_cuda else "cpu", 1)
+                      "cuda" if has_cuda else "cpu", 1, draft_tokens=draft)
     alloc = sc.device_allocation()
     return {"request_rows": rows, "context_tokens": ctx, "context_tokens_source": ctx_source,
             "store_hot_slots_per_request": sc.hot_slots_per_request, "device_allocation": alloc,

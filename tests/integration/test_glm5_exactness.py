@@ -10,7 +10,7 @@ import pytest
 from sgl_ess.models import TINY_GLM5_DIR
 from sgl_ess.serving.preflight import DSA_PAGE_SIZE
 
-from ._server import Server, group_alive
+from ._server import group_alive, start_together
 from .conftest import HOT_SLOTS, _need_sglang
 from .test_exactness import NEW_TOKENS, _run_batch
 
@@ -25,17 +25,14 @@ POOL_GB = (POOL_TOKENS + DSA_PAGE_SIZE) * LAYERS * ROW_BYTES / 1e9     # SGLang 
 SCALED_WEIGHTS = {"SGLESS_DUMMY_INIT": "scaled"}
 
 
-def _serve(name, args):
-    srv = Server(name, ["--model-path", TINY_GLM5_DIR, "--load-format", "dummy", "--max-running-requests",
-                        str(ROWS), *args], SCALED_WEIGHTS)
+def _serve(srv):
     try:
-        srv.wait_healthy()
         out = {"status": srv.get("/ess/status")}
         before = srv.ess_usage().get("rows_h2d", 0)
         out["first"], raw = _run_batch(srv)
         out["again"], _ = _run_batch(srv)
         out["prompt_tokens"] = raw[0]["meta_info"]["prompt_tokens"]
-        if name.endswith("on"):
+        if srv.name.endswith("on"):
             out["fetched"] = srv.ess_usage()["rows_h2d"] - before
             out["after"] = srv.wait_ess_zero(timeout_s=90)       # polls WITHOUT a flush first
         out["log"] = srv.log_tail(100000)
@@ -48,9 +45,17 @@ def _serve(name, args):
 @pytest.fixture(scope="module")
 def glm():
     _need_sglang()
-    return {"on": _serve("glm5_on", ["--ess-hot-slots-per-request", str(HOT_SLOTS),
-                                     "--ess-memory-pool-size-gb", repr(POOL_GB)]),
-            "off": _serve("glm5_off", ["--ess-enabled", "false", "--max-total-tokens", str(POOL_TOKENS)])}
+    common = ["--model-path", TINY_GLM5_DIR, "--load-format", "dummy", "--max-running-requests", str(ROWS)]
+    # both started at once (their starts overlap), then used one after the other
+    servers = start_together({"on": (common + ["--ess-hot-slots-per-request", str(HOT_SLOTS),
+                                               "--ess-memory-pool-size-gb", repr(POOL_GB)], SCALED_WEIGHTS),
+                              "off": (common + ["--ess-enabled", "false", "--max-total-tokens", str(POOL_TOKENS)],
+                                      SCALED_WEIGHTS)}, prefix="glm5_")
+    try:
+        return {"on": _serve(servers.pop("on")), "off": _serve(servers.pop("off"))}
+    finally:
+        for srv in servers.values():
+            srv.stop()
 
 
 def test_glm5_sizing_follows_its_layer_count(glm):

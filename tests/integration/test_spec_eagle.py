@@ -20,7 +20,7 @@ import concurrent.futures as cf
 
 import pytest
 
-from ._server import Server, ess_usage_zero, group_alive
+from ._server import ess_usage_zero, group_alive, start_together
 from .conftest import _need_sglang
 from .test_gpu_fake_server import GPU_FAKE_ENV
 
@@ -67,22 +67,28 @@ def _abort_mid_speculation(server, i):
 def runs():
     _need_sglang()
     out = {}
-    for name, args in CONFIGS.items():
-        srv = Server(f"spec_{name}", COMMON + args, GPU_FAKE_ENV if name.startswith("gpu_fake") else None)
-        try:
-            srv.wait_healthy()
-            res = {"batch": _batch(srv)}
-            if name != "off":
-                res["usage"] = srv.ess_usage()
-            if name in ("on_overflow", "gpu_fake_overflow"):
-                with cf.ThreadPoolExecutor(3) as ex:
-                    aborted = list(ex.map(lambda i: _abort_mid_speculation(srv, i), range(3)))
-                res["aborted"] = aborted
-                res["after_aborts"] = srv.wait_ess_zero(timeout_s=90)
-            out[name] = res
-        finally:
+    # started together (their starts overlap), then used one at a time, each stopped when done
+    servers = start_together({name: (COMMON + args, GPU_FAKE_ENV if name.startswith("gpu_fake") else None)
+                              for name, args in CONFIGS.items()}, prefix="spec_")
+    try:
+        for name in CONFIGS:
+            srv = servers.pop(name)
+            try:
+                res = {"batch": _batch(srv)}
+                if name != "off":
+                    res["usage"] = srv.ess_usage()
+                if name in ("on_overflow", "gpu_fake_overflow"):
+                    with cf.ThreadPoolExecutor(3) as ex:
+                        aborted = list(ex.map(lambda i: _abort_mid_speculation(srv, i), range(3)))
+                    res["aborted"] = aborted
+                    res["after_aborts"] = srv.wait_ess_zero(timeout_s=90)
+                out[name] = res
+            finally:
+                srv.stop()
+            assert not group_alive(srv.pgid), f"processes of {srv.name} left behind"
+    finally:
+        for srv in servers.values():
             srv.stop()
-        assert not group_alive(srv.pgid), f"processes of {srv.name} left behind"
     return out
 
 

@@ -1,5 +1,6 @@
 """Issue 20, finding 6: SIGTERM drains for a bounded time, and a dead scheduler's streams end with
-an error event instead of a cut body. Each test starts (and ends) its own server."""
+an error event instead of a cut body. Each test ends its own server; the module starts the three at
+once (their starts overlap; an idle one sleeps)."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from ._http import call
-from ._server import Server, group_alive
+from ._server import group_alive, start_together
 
 pytestmark = pytest.mark.integration
 LONG_STREAM = {"text": "hello", "stream": True, "sampling_params": {"max_new_tokens": 6000, "ignore_eos": True}}
@@ -55,9 +56,19 @@ def _wait_exit(srv) -> int:
         srv.stop()
 
 
-def test_sigterm_refuses_new_requests_drains_for_the_timeout_then_ends_streams_with_an_error():
-    srv = Server("sigterm", ["--max-total-tokens", "16384", "--max-running-requests", "4",
-                             "--ess-drain-timeout-s", "3"])
+@pytest.fixture(scope="module")
+def servers():
+    """{test's server name: Server}: each test takes its own out and ends it; any left are stopped here."""
+    common = ["--max-total-tokens", "16384", "--max-running-requests", "4"]
+    out = start_together({"sigterm": (common + ["--ess-drain-timeout-s", "3"], None),
+                          "crash_stream": (common, None), "sigterm_group": (common, None)})
+    yield out
+    for srv in out.values():
+        srv.stop()
+
+
+def test_sigterm_refuses_new_requests_drains_for_the_timeout_then_ends_streams_with_an_error(servers):
+    srv = servers.pop("sigterm")
     try:
         srv.wait_healthy()
         t, events = _start_streaming(srv)
@@ -79,8 +90,8 @@ def test_sigterm_refuses_new_requests_drains_for_the_timeout_then_ends_streams_w
     assert not group_alive(srv.pgid)
 
 
-def test_a_dead_scheduler_ends_open_streams_with_an_error_event_and_exit_5():
-    srv = Server("crash_stream", ["--max-total-tokens", "16384", "--max-running-requests", "4"])
+def test_a_dead_scheduler_ends_open_streams_with_an_error_event_and_exit_5(servers):
+    srv = servers.pop("crash_stream")
     try:
         srv.wait_healthy()
         t, events = _start_streaming(srv)
@@ -99,11 +110,11 @@ def test_a_dead_scheduler_ends_open_streams_with_an_error_event_and_exit_5():
     assert not group_alive(srv.pgid)
 
 
-def test_sigterm_to_the_whole_process_group_is_a_stop_exit_0_and_streams_end_with_an_error_event():
+def test_sigterm_to_the_whole_process_group_is_a_stop_exit_0_and_streams_end_with_an_error_event(servers):
     """systemd's default KillMode=control-group (or `kill -TERM -PGID`) sends SIGTERM to every process at
     once: the schedulers exit before any drain. That is the stop that was asked for: exit 0 and one
     "stopped" line, not "fatal ... exit 5"; an open stream ends with a 503 error event, not a cut body."""
-    srv = Server("sigterm_group", ["--max-total-tokens", "16384", "--max-running-requests", "4"])
+    srv = servers.pop("sigterm_group")
     try:
         srv.wait_healthy()
         t, events = _start_streaming(srv)

@@ -11,7 +11,7 @@ import glob
 
 import pytest
 
-from ._server import group_alive
+from ._server import group_alive, start_together
 from .conftest import HOT_SLOTS, MAX_RUNNING, _need_sglang
 from .conftest import _start as start_server
 
@@ -58,14 +58,28 @@ def reference(server_off):
     return run_batch(server_off)
 
 
-@pytest.fixture(scope="module", params=PREDICTORS)
-def server_predictor(request, lstm_checkpoint):
+@pytest.fixture(scope="module")
+def predictor_servers(lstm_checkpoint):
+    """One server per predictor, all started at once (their starts overlap); server_predictor takes
+    each out and stops it when its test is done; any left (a deselected predictor) are stopped here."""
     _need_sglang()
+    specs = {}
+    for name in PREDICTORS:
+        args = ["--ess-speculative-prefetch", name, "--ess-spec-slots", "64", "--ess-predictor-min-precision", "0"]
+        if name == "lstm":
+            args += ["--ess-predictor-checkpoint", lstm_checkpoint]
+        specs[name] = (["--ess-hot-slots-per-request", str(HOT_SLOTS), "--max-running-requests", str(MAX_RUNNING),
+                        "--max-total-tokens", "32768", *args], None)
+    servers = start_together(specs, prefix="spec_")
+    yield servers
+    for srv in servers.values():
+        srv.stop()
+
+
+@pytest.fixture(scope="module", params=PREDICTORS)
+def server_predictor(request, predictor_servers):
     name = request.param
-    args = ["--ess-speculative-prefetch", name, "--ess-spec-slots", "64", "--ess-predictor-min-precision", "0"]
-    if name == "lstm":
-        args += ["--ess-predictor-checkpoint", lstm_checkpoint]
-    srv = _start(f"spec_{name}", args)
+    srv = predictor_servers.pop(name)
     try:
         yield name, srv
     finally:

@@ -13,7 +13,7 @@
 The generated files ship in the package (``sgl_ess/models/tiny_*/``); serving never
 regenerates them. Re-run only to change a model:
 
-    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|hyv4|longcat] [--latent tiny|h200] [OUT_DIR]
+    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|glm52|hyv4|longcat] [--latent tiny|h200] [OUT_DIR]
 
 ``--latent h200`` writes the same model with DeepSeek-V3.2's own latent width, kv_lora_rank 512 +
 rope 64 (default directory ``tiny_<model>_h200``): the only width FlashMLA's FP8 KV rows (656 bytes)
@@ -109,7 +109,7 @@ GLM5_CONFIG = dict(
 )
 # Hunyuan V4 (SGLang's HYV4Config / HYV4ForCausalLM, hunyuan_v4.py): the DSV3.2 tiny sizes with HYV4's
 # own parts: a learnable attention sink per head (learnable_sink), the elementwise output gate, iHC
-# hyper-connections (hc_mult streams), a default (non-yarn) rope given as rope_parameters, 3 layers whose
+# hyper-connections (hc_mult streams), rope given as rope_parameters (deepseek_yarn: see below), 3 layers whose
 # last reuses the previous layer's top-k (indexer_types "shared", as 3 of every 4 layers of the real model).
 HYV4_CONFIG = {
     k: v for k, v in MODEL_CONFIG.items()
@@ -123,7 +123,9 @@ HYV4_CONFIG.update(
     mlp_layer_types=["dense", "sparse", "sparse"],
     layer_types=["deepseek_sparse_attention"] * 3,
     indexer_types=["full", "full", "shared"],
-    rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+    # SGLang's CPU rope (get_rope_cpu, which the DSA indexer calls on CPU) builds only deepseek_yarn; the
+    # real model's default rope would stop the tiny one at load on this CPU
+    rope_parameters={"rope_theta": 10000.0, **MODEL_CONFIG["rope_scaling"]},
     rms_norm_eps=1e-5,
     enable_lm_head_fp32=True,
     enable_ihc=True, hc_mult=4, hc_magnitude=2.0, hc_eps=1e-6,
@@ -133,6 +135,9 @@ HYV4_CONFIG.update(
 )
 CONFIGS = {"dsv32": ("tiny_dsv32", MODEL_CONFIG), "glm5": ("tiny_glm5", GLM5_CONFIG),
            "hyv4": ("tiny_hyv4", HYV4_CONFIG)}
+# --latent: the MLA latent width. "h200": DeepSeek-V3.2's 512 NoPE + 64 RoPE values, what FlashMLA's FP8
+# rows hold (512 FP8 codes + 4 fp32 scales + 64 bf16 = 656 bytes)
+LATENTS = {"tiny": {}, "h200": {"kv_lora_rank": 512, "qk_rope_head_dim": 64}}
 
 
 # LongCat-Flash with sparse attention (SGLang's LongcatFlashConfig / LongcatFlashForCausalLM,
@@ -164,9 +169,11 @@ LONGCAT_CONFIG.update(
     rms_norm_eps=1e-5,
 )
 CONFIGS["longcat"] = ("tiny_longcat", LONGCAT_CONFIG)
-# --latent: the MLA latent width. "h200": DeepSeek-V3.2's 512 NoPE + 64 RoPE values, what FlashMLA's FP8
-# rows hold (512 FP8 codes + 4 fp32 scales + 64 bf16 = 656 bytes)
-LATENTS = {"tiny": {}, "h200": {"kv_lora_rank": 512, "qk_rope_head_dim": 64}}
+# GLM-5.2 / 5.3 (GlmMoeDsaForCausalLM): GLM-5's tiny sizes with shared-index layers: 5 layers, indexer_types
+# "full" at layers 0 and 3 (the anchors) and "shared" at 1, 2 and 4, which reuse the previous layer's top-k
+# (SGLang's dsa_layer_skips_topk; the real GLM-5.2 has 78 layers, 21 of them anchors)
+GLM52_CONFIG = dict(GLM5_CONFIG, num_hidden_layers=5, indexer_types=["full", "shared", "shared", "full", "shared"])
+CONFIGS["glm52"] = ("tiny_glm52", GLM52_CONFIG)
 
 
 def _training_files(limit: int = 300) -> list[str]:

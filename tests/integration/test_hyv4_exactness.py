@@ -7,6 +7,7 @@ layer's sink from the model; the sink math itself is checked against the model's
 tests/unit/attention/test_sinks.py. The random sinks are nonzero (launcher/dummy_init.py). One pair of
 servers for the module."""
 
+import numpy as np
 import pytest
 
 from sgl_ess.models import TINY_HYV4_DIR
@@ -71,7 +72,12 @@ def test_hyv4_ess_on_equals_off(hyv4):
         for i, (a, b) in enumerate(zip(on[when], off[when])):
             assert len(a) == NEW_TOKENS
             assert [t for t, _ in a] == [t for t, _ in b], f"{when} batch, request {i}: tokens differ ESS on vs off"
-            assert [lp for _, lp in a] == [lp for _, lp in b], f"{when} batch, request {i}: log-probs differ"
+            # HYV4 computes its logits in fp32 (enable_lm_head_fp32): the last bits of an fp32 matmul
+            # row depend on how many rows its batch had, and with 6 clients on 4 rows the two servers batch
+            # differently. Attention's outputs are bf16: a difference there would not stay within 2 fp32 ulps.
+            for k, ((_, x), (_, y)) in enumerate(zip(a, b)):
+                assert abs(x - y) <= 2 * float(np.spacing(np.float32(max(abs(x), abs(y))))), \
+                    f"{when} batch, request {i}, token {k}: log-probs differ: {x} vs {y}"
     assert len({t for t, _ in on["first"][0]}) > 4            # not a degenerate repetition
     assert "Traceback" not in on["log"] and "Traceback" not in off["log"]
 

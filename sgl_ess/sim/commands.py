@@ -127,7 +127,8 @@ def _launch(res: PlanResult, cfg, pools: HostPoolReport | None) -> LaunchPlan | 
     if res.best is None or pools is None:
         return None
     b = res.best.cfg
-    return launch_plan(pools, ModelSpec.load(cfg.deploy.model), b.work.batch, b.ess.ratio, b.work.context_tokens)
+    return launch_plan(pools, ModelSpec.load(cfg.deploy.model), b.work.batch, b.ess.ratio, b.work.context_tokens,
+                       b.work.mtp)
 
 
 def assumptions(cfg, prof: OpProfile) -> list[str]:
@@ -219,7 +220,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"--ess-prefetch-overlap-level {level}{note}")
         print(f"    --ess-explain prints for these flags: {lp.tokens_per_pool} tokens per pool, {lp.pools_per_node} "
               f"host pool(s) per node = {lp.host_bytes_per_node / GB:.1f} GB per node, {lp.hot_slots_per_request} "
-              f"hot slots per request per layer")
+              f"hot slots per request per layer, {lp.device_bytes_per_gpu / GB:.2f} GB ({lp.device_bytes_per_gpu} B) "
+              f"device bytes per GPU for the ESS store ({lp.request_rows} request rows; by tensor: "
+              f"{', '.join(f'{k} {v}' for k, v in lp.device_allocation if v)})")
     print(f"  binding resource: {res.binding} - {res.binding_why}")
     if res.baseline is not None:
         print(f"  no offload: batch {res.baseline.cfg.work.batch}, {res.baseline.tokens_per_s_per_node:.0f} "

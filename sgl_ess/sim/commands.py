@@ -204,8 +204,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{b.cfg.ess.overlap if b.cfg.ess.offload else 'off (no offload)'}")
     print(f"  expected {b.tokens_per_s_per_node:.0f} tok/s per node, {b.tokens_per_s_per_node * cfg.deploy.nodes:.0f} "
           f"in total; TPOT {b.tpot_ms:.2f} ms{'' if args.slo_tpot_ms is None else f' (SLO {args.slo_tpot_ms:g})'}")
+    rest = (f", + {s['ess_store_rest_gb_per_gpu']:.2f} GB the rest of the ESS store (rings, MTP scratch rows, LRU "
+            f"tables, token map)" if "ess_store_rest_gb_per_gpu" in s else "")
     print(f"  hot buffer: {s['hot_slots_per_request_layer']} slots per request per layer = "
-          f"{s['hot_buffer_gb_per_gpu']:.1f} GB per GPU (+ {s['indexer_keys_gb_per_gpu']:.1f} GB indexer keys); "
+          f"{s['hot_buffer_gb_per_gpu']:.1f} GB per GPU (+ {s['indexer_keys_gb_per_gpu']:.1f} GB indexer keys{rest}); "
           f"GPU total {s['gpu_used_gb']:.1f} GB")
     print(f"  host pool: {s['host_pool_gb_per_node']:.0f} GB per node (pinned); PCIe busy {b.pcie_busy_fraction:.0%}")
     lp = _launch(res, cfg, pools)

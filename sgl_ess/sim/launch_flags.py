@@ -16,12 +16,11 @@ started.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .config import ModelSpec, SimConfigError
+from .config import ModelSpec
 from .host_pools import HostPoolReport
-from .store_device import store_device_allocation
+from .store_device import hot_slots, model_store_allocation
 
 KV_DTYPE_FLAG = {"fp8_e4m3": "fp8_e4m3", "bf16": "bfloat16"}
 
@@ -50,25 +49,6 @@ class LaunchPlan:
                 "device_allocation": dict(self.device_allocation)}
 
 
-def hot_slots(m: ModelSpec, ratio: float, context: int) -> int:
-    """GPU slots per request per attention layer for a sparse-memory ratio (all of the context at 1.0)."""
-    return max(m.topk_tokens + 1, math.ceil(ratio * context)) if m.topk_tokens else context
-
-
-def lru_tables(m: ModelSpec) -> int:
-    """LRU slot tables of the store: one per anchor layer (StoreConfig.layer_anchors groups the shared-index
-    layers after an anchor onto its table); every attention layer without shared-index layers."""
-    layers = m.num_layers * m.attention_sublayers
-    if m.index_anchor_layers < 0:
-        return layers
-    if m.index_anchor_layers == 0:
-        raise SimConfigError(f"{m.name}: dense MLA (no indexer): no ESS store to size")
-    if m.attention_sublayers != 1:
-        raise SimConfigError(f"{m.name}: shared-index layers with {m.attention_sublayers} attention layers per decoder "
-                         "layer: not modelled")
-    return m.anchors
-
-
 def mtp_flags(mtp: int) -> list[str]:
     """SGLang's EAGLE flags for `mtp` tokens verified per step (one chain: mtp - 1 draft steps, top-1)."""
     if mtp <= 1:
@@ -91,9 +71,6 @@ def launch_plan(rep: HostPoolReport, m: ModelSpec, batch: int, ratio: float, con
              "--max-running-requests", str(running), "--context-length", str(context),
              "--kv-cache-dtype", KV_DTYPE_FLAG[rep.kv_cache_dtype], "--ess-hot-slots-per-request", str(slots),
              "--ess-share-host-pool", "on" if rep.chosen == "shared" else "off"] + mtp_flags(mtp)
-    rows = batch + 1                                   # the store's request rows: SGLang's padding row added
-    alloc = store_device_allocation(layers=rep.layers, row_bytes=rep.row_bytes, topk=m.topk_tokens,
-                                    request_rows=rows, hot_slots=slots, context_tokens=context,
-                                    lru_tables=lru_tables(m), draft_tokens=mtp if mtp > 1 else 0)
+    alloc = model_store_allocation(m, batch, ratio, context, mtp, row_bytes=rep.row_bytes)
     return LaunchPlan(tuple(argv), rep.tokens_per_pool, pools.pools_per_node, pools.host_bytes_per_node, slots,
-                      running, rows, tuple(alloc.items()))
+                      running, batch + 1, tuple(alloc.items()))

@@ -2,18 +2,24 @@
 
 Placement under DP attention + EP (paper Table 1): attention, dense-FFN, shared-expert, embedding and
 LM-head weights are replicated on every GPU; routed experts are sharded over `ep` GPUs. Every cached
-layer (61 decoder layers + the MTP layer) keeps on GPU the full indexer keys and a hot latent buffer of
-`ratio x context` slots; with ESS the full latent history lives in pinned host memory.
+layer (61 decoder layers + the MTP layer) keeps on GPU the full indexer keys (on the layers that have an
+indexer); without offload the full latent cache, with ESS a hot latent buffer of `ratio x context` slots
+and the full latent history in pinned host memory. With ESS the target model's layers are the ESS store's
+whole device allocation for the batch (store_device.py: hot buffers, staging rings, MTP scratch rows, LRU
+tables, token map, counters: the bytes --ess-explain prints for the plan's flags); the MTP layer's hot
+buffer (its draft store) is counted as hot slots alone.
 FP8 block scales (4 B per 128x128 block) are below 0.03% of the weights and are ignored.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from .config import DeploymentConfig, OffloadConfig, ModelSpec, SimConfigError, WorkloadConfig
 from .constants import const
 from .hardware import HardwareProfile
+from .store_device import model_store_allocation
 
 FP8_BYTES = 1
 BF16_BYTES = 2
@@ -75,6 +81,21 @@ def gpu_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig
     return float(idx + hot_slots_per_layer(work, ess) * m.latent_bytes_per_token_layer * m.cached_layers)
 
 
+def ess_store_bytes(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig, batch: int) -> int:
+    """The target model's ESS store on one GPU for `batch` requests, all tensors (store_device.py)."""
+    return sum(model_store_allocation(m, batch, ess.ratio, work.context_tokens, work.mtp).values())
+
+
+def gpu_cache_bytes(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig, batch: int) -> float:
+    """GPU bytes of `batch` requests' caches: without offload batch x gpu_bytes_per_request; with ESS the
+    indexer keys and the MTP layer's hot buffer per request plus the target model's ESS store."""
+    if not ess.offload or m.dense_attention:
+        return batch * gpu_bytes_per_request(m, work, ess)
+    idx = work.context_tokens * m.indexer_bytes_per_token_layer * m.index_layers
+    draft = hot_slots_per_layer(work, ess) * m.latent_bytes_per_token_layer * m.num_mtp_layers
+    return float(batch * (idx + draft) + ess_store_bytes(m, work, ess, batch))
+
+
 def host_bytes_per_request(m: ModelSpec, work: WorkloadConfig, ess: OffloadConfig) -> float:
     """The full latent history in pinned host memory; zero without offload."""
     if not ess.offload:
@@ -93,9 +114,12 @@ class MemoryReport:
     max_batch: int                    # the smaller of the two limits below
     max_batch_gpu: int = 0            # largest batch the GPU's cache budget holds
     max_batch_host: int | None = None  # largest batch --host-mem-gb holds (None: no host limit given)
+    # batch -> GPU cache bytes (gpu_cache_bytes); None: batch x gpu_bytes_per_request
+    cache_bytes: Callable[[int], float] | None = field(default=None, repr=False, compare=False)
 
     def gpu_used_bytes(self, batch: int) -> float:
-        return self.weights_bytes + self.reserve_bytes + batch * self.gpu_bytes_per_request
+        cache = self.cache_bytes(batch) if self.cache_bytes else batch * self.gpu_bytes_per_request
+        return self.weights_bytes + self.reserve_bytes + cache
 
 
 def memory_report(m: ModelSpec, hw: HardwareProfile, deploy: DeploymentConfig,
@@ -106,12 +130,31 @@ def memory_report(m: ModelSpec, hw: HardwareProfile, deploy: DeploymentConfig,
     budget = capacity - weights - reserve
     per_req = gpu_bytes_per_request(m, work, ess)
     gpu_max = max(0, math.floor(budget / per_req)) if budget > 0 else 0
+    cache = None
+    if ess.offload and not m.dense_attention:
+        cache = lambda b: gpu_cache_bytes(m, work, ess, b)      # noqa: E731
+        gpu_max = _largest_within(cache, budget, gpu_max)
+        per_req = cache(max(1, work.batch)) / max(1, work.batch)   # at the batch asked, for messages
     host_req = host_bytes_per_request(m, work, ess)
     host_max = None
     if deploy.host_mem_gb is not None and host_req > 0:
         host_max = math.floor(deploy.host_mem_gb * 1e9 / (host_req * deploy.gpus_per_node))
     max_batch = gpu_max if host_max is None else min(gpu_max, host_max)
-    return MemoryReport(capacity, weights, reserve, budget, per_req, host_req, max_batch, gpu_max, host_max)
+    return MemoryReport(capacity, weights, reserve, budget, per_req, host_req, max_batch, gpu_max, host_max, cache)
+
+
+def _largest_within(cache: Callable[[int], float], budget: float, hi: int) -> int:
+    """The largest batch b <= hi with cache(b) <= budget (cache grows with b); 0 if none."""
+    lo = 0
+    if budget <= 0 or cache(0) > budget:
+        return 0
+    while lo < hi:                                  # invariant: cache(lo) <= budget
+        mid = (lo + hi + 1) // 2
+        if cache(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def check_fits(rep: MemoryReport, work: WorkloadConfig, ess: OffloadConfig, hw_name: str) -> None:

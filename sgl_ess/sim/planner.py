@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from .config import OVERLAP_STRATEGIES, ModelSpec, SimConfig, SimConfigError
 from .hardware import get_hardware
+from .memory import ess_store_bytes
 from .step import StepResult, simulate
 from .transfer import GB, h2d_bytes_per_s
 
@@ -149,6 +150,13 @@ def sizes(res: StepResult) -> dict[str, float]:
     hot = cfg.work.batch * slots * m.latent_bytes_per_token_layer * m.cached_layers
     idx = cfg.work.batch * cfg.work.context_tokens * m.indexer_bytes_per_token_layer * m.index_layers
     host = res.memory.host_bytes_per_request * cfg.work.batch * cfg.deploy.gpus_per_node
-    return {"hot_slots_per_request_layer": slots, "hot_buffer_gb_per_gpu": hot / GB,
-            "indexer_keys_gb_per_gpu": idx / GB, "host_pool_gb_per_node": host / GB,
-            "gpu_used_gb": res.memory.gpu_used_bytes(cfg.work.batch) / GB}
+    out = {"hot_slots_per_request_layer": slots, "hot_buffer_gb_per_gpu": hot / GB,
+           "indexer_keys_gb_per_gpu": idx / GB, "host_pool_gb_per_node": host / GB,
+           "gpu_used_gb": res.memory.gpu_used_bytes(cfg.work.batch) / GB}
+    if cfg.ess.offload and not m.dense_attention:
+        # the target model's ESS store, every tensor (what --ess-explain prints), and its part beyond the hot
+        # buffers: staging rings, MTP scratch rows, LRU tables, token map, counters, page rounding
+        store = ess_store_bytes(m, cfg.work, cfg.ess, cfg.work.batch)
+        target_hot = cfg.work.batch * slots * m.latent_bytes_per_token_layer * m.num_layers * m.attention_sublayers
+        out.update(ess_store_bytes_per_gpu=store, ess_store_rest_gb_per_gpu=(store - target_hot) / GB)
+    return out

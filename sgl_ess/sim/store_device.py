@@ -18,6 +18,10 @@ buffer per row). Indexer keys are SGLang's own index-key buffer, not the store's
 """
 from __future__ import annotations
 
+import math
+
+from .config import ModelSpec, SimConfigError
+
 PAGE_ROWS = 64              # StoreConfig's slot space is allocated in whole pages of rows
 RING_MICRO_BATCHES = 4      # StoreConfig.ring_micro_batches default (the launcher does not set it)
 RESOLVER_TIERS = 3          # prefetch/plan.TIERS: rows moved per tier, counted by the stream engine
@@ -47,3 +51,34 @@ def store_device_allocation(*, layers: int, row_bytes: int, topk: int, request_r
             "counters": 8 * (2 * layers * r + 6 * layers),
             "group_map": 0, "speculative": 0,
             "engine": row_bytes + 8 * (RESOLVER_TIERS + 1)}
+
+
+def hot_slots(m: ModelSpec, ratio: float, context: int) -> int:
+    """GPU slots per request per attention layer for a sparse-memory ratio (all of the context at 1.0)."""
+    return max(m.topk_tokens + 1, math.ceil(ratio * context)) if m.topk_tokens else context
+
+
+def lru_tables(m: ModelSpec) -> int:
+    """LRU slot tables of the store: one per anchor layer (StoreConfig.layer_anchors groups the shared-index
+    layers after an anchor onto its table); every attention layer without shared-index layers."""
+    layers = m.num_layers * m.attention_sublayers
+    if m.index_anchor_layers < 0:
+        return layers
+    if m.index_anchor_layers == 0:
+        raise SimConfigError(f"{m.name}: dense MLA (no indexer): no ESS store to size")
+    if m.attention_sublayers != 1:
+        raise SimConfigError(f"{m.name}: shared-index layers with {m.attention_sublayers} attention layers per decoder "
+                             "layer: not modelled")
+    return m.anchors
+
+
+def model_store_allocation(m: ModelSpec, batch: int, ratio: float, context: int, mtp: int = 1,
+                           row_bytes: int | None = None) -> dict[str, int]:
+    """The target model's store on one GPU (or DP-attention worker) serving `batch` requests: request rows =
+    batch + SGLang's padding row, layers = the model's attention layers, `mtp` tokens verified per step (the
+    EAGLE draft-token count; 1 = no MTP), rows of `row_bytes` (default: the model's FP8 device row)."""
+    return store_device_allocation(layers=m.num_layers * m.attention_sublayers,
+                                   row_bytes=m.latent_bytes_per_token_layer if row_bytes is None else row_bytes,
+                                   topk=m.topk_tokens, request_rows=batch + 1, hot_slots=hot_slots(m, ratio, context),
+                                   context_tokens=context, lru_tables=lru_tables(m),
+                                   draft_tokens=mtp if mtp > 1 else 0)

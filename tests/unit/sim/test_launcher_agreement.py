@@ -20,7 +20,8 @@ import pytest
 from sgl_ess.models import TINY_DSV32_DIR
 from sgl_ess.sim.config import DeploymentConfig, ModelSpec, ServingLayoutConfig, load_data
 from sgl_ess.sim.host_pools import host_pool_report
-from sgl_ess.sim.launch_flags import launch_plan, lru_tables
+from sgl_ess.sim.launch_flags import launch_plan
+from sgl_ess.sim.store_device import lru_tables
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 NODE = ["--ess-explain", "--ess-explain-device", "cuda:8:141:4096"]

@@ -3,6 +3,7 @@
 own helpers, one decision. The launcher's exit 2 is checked end to end in
 tests/integration/test_model_table_cli.py."""
 
+import copy
 import json
 
 import pytest
@@ -20,7 +21,9 @@ def _config(model_type: str, arch: str, **over):
     """A transformers config of `model_type` (its own config class) with the tiny DSV3.2 sizes."""
     from transformers import CONFIG_MAPPING
 
-    d = {k: v for k, v in make_tiny.MODEL_CONFIG.items() if k != "model_type"}
+    # a deep copy: transformers' config classes rewrite the rope dict they are given in place, which
+    # would change make_tiny.MODEL_CONFIG for every later test
+    d = copy.deepcopy({k: v for k, v in make_tiny.MODEL_CONFIG.items() if k != "model_type"})
     d.update(architectures=[arch], **over)
     return CONFIG_MAPPING[model_type].from_dict(d)
 

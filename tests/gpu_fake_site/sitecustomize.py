@@ -8,7 +8,8 @@ MLA (tests/integration/_cuda_fake.flash_mla_stub, reading FP8 rows by FlashMLA's
 fp32 torch attention -> float64 (both as the CPU path accumulates, so outputs compare exactly), SGLang's
 FP8 quantizer (Triton) -> its formula in torch, FlashAttention's varlen MHA -> torch, SGLang's
 get_device_sm -> 90,
-its seqlens Triton kernel -> torch, the CPU platform's refusal of an FP8 MLA KV cache
+its seqlens Triton kernel -> torch, SGLang's fused top-k transform (physical slots for its own DSA
+backend, ESS off) -> _cuda_fake.ref_fused_topk_transform over the torch indexer's positions, the CPU platform's refusal of an FP8 MLA KV cache
 (KVCacheConfigurator.configure asks current_platform.is_cpu()) -> an H200's answer (not a CPU),
 our Triton decode -> its torch reference, the device capability
 -> (9, 0), the stream runtime -> the late double; and the CPU graph runner's padding value (a method
@@ -97,6 +98,19 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
         # table) still gets the CPU platform's answers.
         mod.current_platform = _PlatformAsH200In(mod.current_platform, "configure")
 
+    def _indexer_torch(mod):
+        # the torch indexer (CPU path of SGLang's Indexer) answers token positions; SGLang's CUDA
+        # indexer, with its default fused top-k transform, answers physical slots to a backend whose
+        # metadata asks for them (SGLang's own DSA backend, ESS off): that kernel stood in
+        from tests.integration._cuda_fake import ref_fused_topk_transform
+
+        native = mod.indexer_forward_native
+
+        def indexer_forward_native(self, x, q_lora, positions, forward_batch, layer_id, return_indices=True, **kw):
+            out = native(self, x, q_lora, positions, forward_batch, layer_id, return_indices, **kw)
+            return out if out is None else ref_fused_topk_transform(out, forward_batch, layer_id)
+        mod.indexer_forward_native = indexer_forward_native
+
     def _flash_mla_stub(mod):
         from tests.integration._cuda_fake import FLASH_MLA_MODULE, flash_mla_stub
 
@@ -107,6 +121,7 @@ if os.environ.get("SGLESS_TEST_GPU_FAKE") == "1":
                 "sglang.srt.mem_cache.memory_pool": _memory_pool,
                 "sglang.srt.mem_cache.kv_cache_configurator": _kv_cache_configurator,
                 "sgl_ess.kernels.sparse_mla_triton": _triton_decode,
+                "sgl_ess.integration.sglang.backends.indexer_torch": _indexer_torch,
                 "sgl_ess.store.latent_store": _latent_store,
                 "torch.cuda": _torch_cuda,
                 "sglang.srt.utils.common": _sglang_utils_common}

@@ -13,7 +13,8 @@ Swapped (and nothing else):
   * our Triton sparse-MLA decode (``sgl_ess.kernels.sparse_mla_triton``) -> its torch reference;
   * SGLang's ``get_device_sm`` -> 90 and ``torch.cuda.get_device_capability`` -> (9, 0) (an H200: the
     DSA backend's prefill dispatch decides as on sm_90), FlashAttention's varlen MHA (MHA one-shot)
-    -> ``ref_flash_attn_varlen`` (torch), and the top-k v2 planner off
+    -> ``ref_flash_attn_varlen`` (torch), SGLang's fused top-k transform -> ``ref_fused_topk_transform``
+    over the torch indexer's positions (whole servers: sitecustomize), and the top-k v2 planner off
     (``SGLANG_OPT_USE_TOPK_V2=0``: it JIT-compiles CUDA).
 The runner is tests/integration/_fake_runner.py's, plus the attributes SGLang's DSA backend reads.
 """
@@ -131,6 +132,43 @@ def ref_seqlens_expand(extend_seq_lens, seq_lens, total_len, max_q_len):
     res = torch.cat(out) if out else torch.zeros(0, dtype=torch.int32)
     assert res.numel() == total_len
     return res
+
+
+def ref_fused_topk_transform(topk_pos: torch.Tensor, forward_batch, layer_id: int) -> torch.Tensor:
+    """SGLang's fused top-k transform (sgl-kernel ``fast_topk_transform_fused``, the default
+    SGLANG_DSA_FUSE_TOPK on CUDA) applied to the torch indexer's token positions (int32 [T, k], -1
+    padding), for the forwards whose indexer metadata asks for it: the attention backend's
+    ``get_indexer_metadata`` with ``force_unfused_topk`` off (SGLang's own DSA backend, ESS off; ESS's
+    CUDA class forces it on and gets positions). On CUDA that kernel hands the backend physical
+    page-size-1 slots (``page_table_1[request, position]``) and the backend reads them as pool
+    locations (``_get_fused_topk_page_table``); positions read there would address other rows.
+    PAGED extend and decode only; anything else is refused."""
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.attention.dsa.dsa_topk_backend import TopkTransformMethod
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    from sgl_ess.integration.sglang.backends.query_layout import query_layout
+
+    get_md = getattr(get_attn_backend(), "get_indexer_metadata", None)
+    md = get_md(layer_id, forward_batch) if get_md is not None else None
+    if md is None or md.force_unfused_topk or not envs.SGLANG_DSA_FUSE_TOPK.get():
+        return topk_pos                                      # the unfused form: token positions
+    mode = forward_batch.forward_mode
+    if md.topk_transform_method != TopkTransformMethod.PAGED or not (
+            mode.is_extend_without_speculative() or mode.is_decode_or_idle()):
+        raise NotImplementedError(
+            f"GPU fake: the fused top-k stand-in covers PAGED extend / decode only, got "
+            f"{md.topk_transform_method} in {mode.name}; set SGLANG_DSA_FUSE_TOPK=0 for this test")
+    page_table = md.attn_metadata.page_table_1
+    assert page_table is not None, "the fused PAGED transform reads page_table_1"
+    out = topk_pos.clone()
+    t0 = 0
+    for i, n in enumerate(query_layout(forward_batch).n_q):
+        rows = topk_pos[t0:t0 + n]
+        locs = page_table[i][rows.long().clamp(min=0)]
+        out[t0:t0 + n] = torch.where(rows >= 0, locs.to(out.dtype), rows)
+        t0 += n
+    return out
 
 
 H200_SM = 90                      # what SGLang's get_device_sm() answers on an H200 (sm_90)

@@ -5,3 +5,4 @@ TINY_DSV32_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_
 TINY_GLM5_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_glm5")
 TINY_DSV32_H200_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_dsv32_h200")
 TINY_HYV4_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_hyv4")
+TINY_GLM52_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_glm52")

@@ -51,12 +51,13 @@ def derive_hot_slots(cfg: EssConfig, topk: int, layers: int, row_bytes: int, max
 
 
 def store_config(cfg: EssConfig, layers: int, row_bytes: int, topk: int, request_rows: int, max_context: int,
-                 device: str, host_tokens: int, hot_buffers: int = 0, draft_tokens: int = 0):
+                 device: str, host_tokens: int, hot_buffers: int = 0, draft_tokens: int = 0,
+                 layer_anchors: tuple = ()):
     """The StoreConfig of a model runner's store: `request_rows` = SGLang's request rows
     (req_to_token rows: --max-running-requests + 1; a PD decode node adds its pre-allocation rows),
     `max_context` its columns; `hot_buffers` (0: one per row) the requests that can run at once;
-    `draft_tokens` the query tokens per request of an MTP forward (0: no MTP; sizes its scratch rows).
-    Also what the GPU budget reserves before the store exists (cuda_memory.py)."""
+    `draft_tokens` the query tokens per request of an MTP forward (0: no MTP; sizes its scratch rows);
+    `layer_anchors` the shared-index groups (`layer_anchors` below; () = a table per layer). Also what the GPU budget reserves before the store exists (cuda_memory.py)."""
     from sgl_ess.store import StoreConfig
 
     from .device_budget import verify_rows_per_request
@@ -69,7 +70,23 @@ def store_config(cfg: EssConfig, layers: int, row_bytes: int, topk: int, request
                        max_context_tokens=max_context, device=device, warmup_window=cfg.warmup_queries,
                        ring_slots=cfg.ring_slots, spec_slots=spec, lock_host=cfg.lock_host_memory,
                        hot_groups=hot_buffers if 0 < hot_buffers < request_rows else 0,
-                       verify_rows_per_request=verify_rows_per_request(draft_tokens, topk, hot))
+                       verify_rows_per_request=verify_rows_per_request(draft_tokens, topk, hot),
+                       layer_anchors=tuple(layer_anchors))
+
+
+def layer_anchors(hf_config, layers: int) -> tuple:
+    """Per latent layer, the layer whose top-k it uses (StoreConfig.layer_anchors), read with SGLang's
+    dsa_layer_skips_topk (indexer_types "shared", index_topk_freq, cli_factor); () when every layer has its
+    indexer, or the pool's layers are not the model's decoder layers (an MTP draft's NextN layer; LongCat's
+    two attention sub-layers per decoder layer: its shared top-k layers keep their own LRU, planned late)."""
+    from sglang.srt.configs.model_config import dsa_layer_skips_topk, is_deepseek_dsa
+
+    if not is_deepseek_dsa(hf_config) or int(getattr(hf_config, "num_hidden_layers", -1)) != layers:
+        return ()
+    out: list[int] = []
+    for i in range(layers):
+        out.append(out[-1] if i > 0 and dsa_layer_skips_topk(hf_config, i) else i)
+    return tuple(out) if out != list(range(layers)) else ()
 
 
 def running_rows(req_pool) -> int:
@@ -116,10 +133,23 @@ class EssPoolAdapter:
         self.topk = mc.hf_config.index_topk
         req_to_token = model_runner.req_to_token_pool.req_to_token
         max_requests = req_to_token.shape[0]
+        anchors = layer_anchors(mc.hf_config, self.layers)
+        n_draft = draft_tokens()
+        if anchors and n_draft:
+            raise RuntimeError(
+                f"ESS: {mc.hf_config.architectures[0]} has shared-index layers (layers reusing the previous "
+                f"layer's top-k: {sum(a != i for i, a in enumerate(anchors))} of {self.layers}), whose one slot "
+                f"table per group ESS does not yet resolve for speculative decoding (--speculative-algorithm, "
+                f"{n_draft} draft tokens: MTP verify admits rows layer by layer). Serve without "
+                "--speculative-algorithm, or with --ess-enabled false")
+        # shared-index layers (anchors): one LRU slot table per group, planned at its anchor
         self.store_cfg = store_config(cfg, self.layers, self.row_bytes, self.topk, max_requests,
                                       req_to_token.shape[1], str(model_runner.device), host.capacity_tokens,
                                       hot_buffers=running_rows(model_runner.req_to_token_pool),
-                                      draft_tokens=draft_tokens())
+                                      draft_tokens=n_draft, layer_anchors=anchors)
+        # per layer: its anchor, and (at an anchor) the layers of its group; read every decode layer
+        self._anchor = self.store_cfg.anchors
+        self._group = {a: tuple(self.store_cfg.group_layers(a)) for a in set(self._anchor)}
         self.cfg = cfg
         # input checks read values back to the host: on the CPU once per step (layer 0), never on CUDA
         self.validate = str(model_runner.device) == "cpu"
@@ -171,6 +201,9 @@ class EssPoolAdapter:
         self.pd_wire_rows = self.pd_wire_row_bytes = 0
         self.plans_early = 0      # plans submitted by the indexer hand-off (fetch hidden behind compute)
         self.plans_late = 0       # plans made inside attention (mode none, or no hand-off)
+        # the same per layer; a shared-index layer planned at its anchor (before it starts) counts early
+        self.plans_early_by_layer = [0] * self.layers
+        self.plans_late_by_layer = [0] * self.layers
         self._early: dict[int, tuple] = {}   # layer -> (batch key, plans, newest-token slot rows)
         # --ess-cuda-graph: SGLang may capture decode steps (backends/cuda_graph.py); ignored without CUDA
         self.graphs = GraphSteps()
@@ -272,16 +305,40 @@ class EssPoolAdapter:
         `batch_key` identifies the forward batch; `decode` uses the plans only for that batch.
         `padded`: `reqs` holds -1 for SGLang's padding rows (a CUDA graph's batch): they touch nothing."""
         with self._lock:
-            key, plans, newest = self._early.get(layer, (None, [], []))
-            if key != batch_key:                   # plans of an abandoned forward: never reused
-                self._discard_early(layer)
-                key, plans, newest = batch_key, [], []
-                self._early[layer] = (key, plans, newest)
+            if self._shared_layer(layer):
+                if self._early.get(layer, (None,))[0] == batch_key:
+                    return                         # planned with its group at the anchor
+                raise RuntimeError(f"ESS: layer {layer} reuses layer {self._anchor[layer]}'s top-k "
+                                   "(a shared-index layer) but its group was not planned at the anchor")
             check = self.validate and layer == 0
-            newest.append(self.store.reserve(layer, reqs, seq_lens - 1, validate=check, padded=padded))
-            plans.append(self.store.plan(layer, reqs, seq_lens, topk, req_to_token, micro_batch=part,
-                                         validate=check, padded=padded))
+            self._plan_group(batch_key, layer, reqs, seq_lens, topk, req_to_token, part, check, padded)
             self.plans_early += 1
+            self.plans_early_by_layer[layer] += 1
+
+    def _shared_layer(self, layer: int) -> bool:
+        return self._anchor[layer] != layer
+
+    def _plan_group(self, batch_key, anchor, reqs, seq_lens, topk, req_to_token, part, check, padded) -> None:
+        """Reserve the newest rows and plan the fetch of every layer of `anchor`'s group (one layer
+        without shared-index layers), one resolver call; kept per layer in `_early` for `decode`."""
+        layers = self._group[anchor]
+        for layer in layers:
+            if self._early.get(layer, (None,))[0] != batch_key:   # plans of an abandoned forward: never reused
+                self._discard_early(layer)
+                self._early[layer] = (batch_key, [], [])
+        if len(layers) == 1:
+            rows = [self.store.reserve(anchor, reqs, seq_lens - 1, validate=check, padded=padded)]
+            steps = [self.store.plan(anchor, reqs, seq_lens, topk, req_to_token, micro_batch=part,
+                                     validate=check, padded=padded)]
+        else:
+            rows = self.store.reserve_group(anchor, reqs, seq_lens - 1, validate=check, padded=padded)
+            steps = self.store.plan_group(anchor, reqs, seq_lens, topk, req_to_token, micro_batch=part,
+                                          validate=check, padded=padded)
+        for layer, r, st in zip(layers, rows, steps):
+            self._early[layer][1].append(st)
+            self._early[layer][2].append(r)
+            if layer != anchor:
+                self.plans_early_by_layer[layer] += 1
 
     def _discard_early(self, layer: int) -> None:
         old = self._early.pop(layer, None)
@@ -306,6 +363,19 @@ class EssPoolAdapter:
             if early is not None and early[0] != batch_key:
                 self._discard_early(layer)
                 early = None
+            if early is None and self._shared_layer(layer):
+                raise RuntimeError(f"ESS: decode of shared-index layer {layer} found no plan made at its anchor "
+                                   f"(layer {self._anchor[layer]})")
+            if early is None and len(self._group[layer]) > 1:
+                # an anchor planned inside attention: plan its whole group now (one resolver call per DBA
+                # half); the shared-index layers after it find their plans made (early for them)
+                parts = split_halves(reqs.numel()) if mode == "dba" else [slice(0, reqs.numel())]
+                for i, sl in enumerate(parts):
+                    self._plan_group(batch_key, layer, reqs[sl], seq_lens[sl], topk[sl], req_to_token, i, check,
+                                     padded)
+                self.plans_late += len(parts)
+                self.plans_late_by_layer[layer] += len(parts)
+                early = self._early.get(layer)
             self._early.pop(layer, None)
             if early is None:
                 rows = self.store.reserve(layer, reqs, seq_lens - 1, validate=check, padded=padded)
@@ -313,6 +383,7 @@ class EssPoolAdapter:
                 plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token, validate=check,
                                    padded=padded)
                 self.plans_late += len(plans)
+                self.plans_late_by_layer[layer] += len(plans)
             else:
                 _, plans, rows = early
                 self.store.write_slots(rows[0] if len(rows) == 1 else torch.cat(rows), data, padded=padded)
@@ -368,10 +439,16 @@ class EssPoolAdapter:
     def _host_counts(self) -> dict:
         tiers = self.store.engine.tiers.data
         return {"plans_early": self.plans_early, "plans_late": self.plans_late,
+                "early_by_layer": dict(enumerate(self.plans_early_by_layer)),
+                "late_by_layer": dict(enumerate(self.plans_late_by_layer)),
+                "resolver_calls": self.store.resolver_calls,
                 "tiers": {t: tiers[t]["plans"] for t in tiers}}
 
     def _set_counts(self, c: dict) -> None:
         self.plans_early, self.plans_late = c["plans_early"], c["plans_late"]
+        self.plans_early_by_layer = [c["early_by_layer"][i] for i in range(self.layers)]
+        self.plans_late_by_layer = [c["late_by_layer"][i] for i in range(self.layers)]
+        self.store.resolver_calls = c["resolver_calls"]
         for t, n in c["tiers"].items():
             self.store.engine.tiers.data[t]["plans"] = n
 
@@ -622,6 +699,8 @@ class EssPoolAdapter:
                  refetch_rows=sum(snap["refetch_rows"]), hot_slots_per_request=self.store_cfg.hot_slots_per_request,
                  overlap_level=self.level, overlap_runs_as="none" if self.store.engine.synchronous else self.level,
                  plans_early=self.plans_early, plans_late=self.plans_late, cold_starts=self.cold_starts,
+                 plans_early_by_layer=list(self.plans_early_by_layer),
+                 plans_late_by_layer=list(self.plans_late_by_layer), resolver_calls=self.store.resolver_calls,
                  hot_buffers=self.store_cfg.groups, request_rows=self.store_cfg.max_requests,
                  pd_pending_rows=len(self._pending),
                  pd_opens=self.pd_opens, pd_warm_starts=self.pd_warm_starts, pd_warm_rejected=self.pd_warm_rejected,

@@ -20,6 +20,19 @@ from ._spec_fixtures import ess_env  # noqa: E402,F401
 ROWS, PROMPTS, NDRAFT = [1, 2, 3], [150, 90, 200], 4
 
 
+@pytest.fixture(autouse=True)
+def eagle_server_args():
+    """SGLang's published speculative configuration, as an EAGLE server has it: the store sizes its MTP
+    scratch rows from the draft-token count (pools/device_budget.draft_tokens)."""
+    from sglang.srt.runtime_context import get_context
+
+    ov = get_context().override_server_args(speculative_algorithm="EAGLE", speculative_num_draft_tokens=NDRAFT,
+                                            speculative_eagle_topk=1, speculative_num_steps=NDRAFT - 1)
+    ov.install()
+    yield
+    ov.restore()
+
+
 def _env(seed=0):
     g = torch.Generator().manual_seed(seed)
     req_pool, alloc = shared_pools()

@@ -17,13 +17,13 @@ TABLE_BEGIN, TABLE_END = "<!-- h200-branches:begin -->", "<!-- h200-branches:end
 # SGLang's files along the DSA path (relative to sglang/srt); layers/attention/dsa/ whole
 FILES = ("layers/attention/dsa_backend.py", "layers/attention/dsa/*.py", "models/deepseek_v2.py",
          "models/deepseek_common/attention_backend_handler.py", "models/deepseek_common/utils.py",
-         "model_executor/model_runner.py", "mem_cache/memory_pool.py", "managers/scheduler.py",
-         "server_args.py")
+         "model_executor/model_runner.py", "mem_cache/memory_pool.py", "mem_cache/kv_cache_configurator.py",
+         "managers/scheduler.py", "server_args.py")
 # the device queries: sm / capability, CUDA itself, Hopper / Blackwell, FP8 flavour, HiSparse, graph context
 DEVICE_QUERY = re.compile(
     r"get_device_sm|get_device_capability|device_sm_major|\bis_cuda\(\)|\b_is_cuda\b|is_sm90_supported"
     r"|is_sm100_supported|is_blackwell|is_hopper|hisparse_coordinator\s+is|enable_hisparse|is_fp8_fnuz"
-    r"|is_in_breakable_cuda_graph\(|is_in_tc_piecewise_cuda_graph\(")
+    r"|is_in_breakable_cuda_graph\(|is_in_tc_piecewise_cuda_graph\(|current_platform\.is_cpu\(\)")
 
 
 def device_branches(srt: pathlib.Path) -> list[tuple[str, str]]:

@@ -72,9 +72,20 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily(
         "GLM-5 / 5.1 / 5.2 (GLM MoE DSA)", ("GlmMoeDsaForCausalLM",), ("GlmMoeDsaForCausalLMNextN",),
         "glm4_moe.py", adds=frozenset({SHARED_TOPK}), ess_implements=frozenset({SHARED_TOPK}),
-        checked="embedded tiny_glm5 (GLM-5/5.1: every layer has its indexer): ESS on == off at server level. "
-                "Shared-index layers (GLM-5.2 indexer_types 'shared') are served with the fetch planned late, "
-                "inside attention (exact, not yet checked against ESS off)"),
+        checked="embedded tiny_glm5 (GLM-5/5.1: every layer has its indexer): ESS on == off at server level; "
+                "GLM's head counts through the CUDA class in the GPU fake (FlashMLA head padding); "
+                "with its MTP layer (GLM's NextN, EAGLE) through the CUDA class in the GPU fake == ESS off (tokens, "
+                "log-probs, accepted drafts); PD: the ESS decode node == an ESS-off decode node behind the same "
+                "prefill node, every request warm from the prefill's state. GLM-5.2/5.3 shared-index layers "
+                "(indexer_types 'shared'): one LRU slot table per group, resolved once per step at the anchor, every "
+                "layer of the group planned there. Embedded tiny_glm52 (5 layers, anchors 0 and 3): ESS on == off "
+                "at server level on the CPU "
+                "(its inline engine plans the anchors inside their attention), no shared-index layer planned inside "
+                "its own attention, one resolver call per anchor plan; through the CUDA class in the GPU fake every "
+                "layer planned early at its anchor's indexer hand-off, outputs within BF16 rounding of a dense "
+                "reference; store "
+                "level: the same bytes read as the per-layer design. Shared-index layers with speculative decoding: "
+                "refused (when the store is built, not at launch)"),
     ModelFamily(
         "Hunyuan V4", ("HYV4ForCausalLM",), ("HYV4ForCausalLMNextN",), "hunyuan_v4.py",
         adds=frozenset({SINKS, SHARED_TOPK}), ess_implements=frozenset({SINKS, SHARED_TOPK}),
@@ -83,7 +94,8 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "(prefill, decode at every overlap level with the sink added once after the DA/DBA merge, MTP "
                 "verify's gathered rows), the Triton decode (interpreter), the CUDA class's decode in the GPU fake "
                 "(not run on a GPU; its prefill hands attn_sink to SGLang's own FlashMLA sparse prefill). "
-                "Server-level ESS on == off: tests/integration/test_hyv4_exactness.py (written, not yet run)"),
+                "Server-level ESS on == off (tokens equal, log-probs within 2 fp32 ulps: its fp32 lm_head), its "
+                "shared-index layer in its anchor's group: tests/integration/test_hyv4_exactness.py"),
     ModelFamily(
         "LongCat-Flash (sparse attention)", ("LongcatFlashForCausalLM",), ("LongcatFlashForCausalLMNextN",),
         "longcat_flash.py", adds=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}),

@@ -1,8 +1,10 @@
 """Retraction frees ESS state: with SGLang's own test switch forcing `retract_decode` every few
 steps, every request still completes and host-pool / hot-buffer usage returns to zero. Run on the
-CPU ``ess`` backend and as a GPU fake through the CUDA class (``--attention-backend dsa``,
-tests/gpu_fake_site: SGLang's DSA backend replaced by ESS's subclass, the side-stream engine with
-late, out-of-order streams; only the device kernels and the stream runtime swapped)."""
+CPU ``ess`` backend and as a GPU fake through the CUDA class in an H200's default configuration
+(test_gpu_fake_server.H200_ARGS: FP8 656-byte rows, flashmla_kv, SGLang's own prefill pick, on the
+V3.2-latent tiny model; tests/gpu_fake_site: SGLang's DSA backend replaced by ESS's subclass, the
+side-stream engine with late, out-of-order streams; only the device kernels and the stream runtime
+swapped)."""
 import concurrent.futures as cf
 import re
 
@@ -10,7 +12,7 @@ import pytest
 
 from .conftest import HOT_SLOTS, _start
 from ._server import group_alive
-from .test_gpu_fake_server import GPU_FAKE_ENV
+from .test_gpu_fake_server import GPU_FAKE_H200_ENV, H200_ARGS
 from .test_usage_release import _prompt
 
 pytestmark = pytest.mark.integration
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
 BACKENDS = {"cpu": ([], {}),
-            "gpu_fake": (["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse"], GPU_FAKE_ENV)}
+            "gpu_fake": (H200_ARGS, GPU_FAKE_H200_ENV)}    # an H200's default: FP8 rows, flashmla_kv
 
 
 @pytest.fixture(scope="module", params=sorted(BACKENDS))

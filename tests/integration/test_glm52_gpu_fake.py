@@ -5,8 +5,10 @@ full / shared / shared / full / shared: SGLang's indexer hook runs at the anchor
 plans every layer of the anchor's group there. Checked: every layer's plan is early (none made inside
 attention), one resolver call per anchor and step, and every layer's decode output equals a dense torch
 reference over the true rows (bound: the DA split's BF16 roundings, as in the DeepSeek test). Also the
-pool adapter's groups from the config (indexer_types; none for GLM-5 / 5.1, whose store stays per layer)
-and its refusal of speculative decoding with shared-index layers."""
+pool adapter's groups from the config (indexer_types; none for GLM-5 / 5.1, whose store stays per layer),
+and with speculative decoding on (SGLang's spec args published) none either: every layer keeps its own LRU,
+the shared-index layers planned inside attention as before groups existed, and decode gives the same outputs
+as the grouped store."""
 
 import pytest
 import torch
@@ -24,8 +26,7 @@ INDEXER_TYPES = ["full", "shared", "shared", "full", "shared"]
 LAYERS, ANCHORS = len(INDEXER_TYPES), [0, 3]
 
 
-@pytest.fixture
-def glm52_gpu_fake(ess_env, monkeypatch):          # noqa: F811
+def _patch_glm52(monkeypatch):
     make_runner = base.cuda_runner
 
     def glm52_runner(*a, **kw):
@@ -36,6 +37,11 @@ def glm52_gpu_fake(ess_env, monkeypatch):          # noqa: F811
 
     monkeypatch.setattr(base, "cuda_runner", glm52_runner)
     monkeypatch.setattr(base, "LAYERS", LAYERS)
+
+
+@pytest.fixture
+def glm52_gpu_fake(ess_env, monkeypatch):          # noqa: F811
+    _patch_glm52(monkeypatch)
     yield from base._gpu_fake("flashmla_sparse", ess_env, monkeypatch)
 
 
@@ -45,16 +51,20 @@ def _anchor_topk(gen, qpos, layer, cache):
     return cache["topk"]
 
 
-def test_glm52_every_layer_planned_early_at_its_anchor(glm52_gpu_fake, monkeypatch):
+STEPS = 4
+
+
+def _prefill_and_decode(backend, runner, monkeypatch) -> tuple[list, list]:
+    """Prefill 2 requests, then STEPS decode steps through every layer, the indexer hook at the anchors
+    only (as SGLang runs it); every decode output checked against the dense reference. Returns (the decode
+    outputs, the store's resolver calls per step)."""
     from sglang.srt.model_executor import forward_context
 
-    backend, runner, _ = glm52_gpu_fake
-    ess, store = backend.ess, backend.ess.store
-    assert store.cfg.anchors == (0, 0, 0, 3, 3) and store.engine.ordered_on_device
+    store = backend.ess.store
     monkeypatch.setattr(forward_context, "get_attn_backend", lambda: backend)
     monkeypatch.setattr(forward_context, "get_req_to_token_pool", lambda: runner.req_to_token_pool)
     gen = torch.Generator().manual_seed(21)
-    rows, prompts, steps = [1, 2], [150, 90], 4
+    rows, prompts, steps = [1, 2], [150, 90], STEPS
     r2t = runner.req_to_token_pool.req_to_token
     fr.place_requests(runner.req_to_token_pool, rows, [p + steps for p in prompts])
     base._write(runner, rows, [p + steps for p in prompts], gen)
@@ -69,6 +79,7 @@ def test_glm52_every_layer_planned_early_at_its_anchor(glm52_gpu_fake, monkeypat
         topk = _anchor_topk(gen, qpos, li, cache)
         backend.forward_extend(fr.query(gen, len(qpos)), None, None, cuda_layer(li), fb, save_kv_cache=False,
                                topk_indices=topk)
+    outs, calls = [], []
     for step in range(steps):
         seq = [p + 1 + step for p in prompts]
         loc = torch.stack([r2t[r, s - 1] for r, s in zip(rows, seq)]).long()
@@ -84,11 +95,62 @@ def test_glm52_every_layer_planned_early_at_its_anchor(glm52_gpu_fake, monkeypat
             want, st = reference(runner, li, q, torch.tensor(rows), topk, stats=True)
             err = float((out.float().reshape(want.shape) - want).abs().max())
             assert err <= split_bound(want, st), f"step {step} layer {li}: {err:.3g} from the reference"
-        assert store.resolver_calls - before == len(ANCHORS), "one resolver call per anchor and step"
+            outs.append(out.clone())
+        calls.append(store.resolver_calls - before)
+    return outs, calls
+
+
+def test_glm52_every_layer_planned_early_at_its_anchor(glm52_gpu_fake, monkeypatch):
+    backend, runner, _ = glm52_gpu_fake
+    ess, store = backend.ess, backend.ess.store
+    assert store.cfg.anchors == (0, 0, 0, 3, 3) and store.engine.ordered_on_device
+    _, calls = _prefill_and_decode(backend, runner, monkeypatch)
+    assert calls == [len(ANCHORS)] * STEPS, "one resolver call per anchor and step"
     u = ess.usage()
     assert u["plans_late_by_layer"] == [0] * LAYERS, u["plans_late_by_layer"]
-    assert u["plans_early_by_layer"] == [steps] * LAYERS, u["plans_early_by_layer"]
+    assert u["plans_early_by_layer"] == [STEPS] * LAYERS, u["plans_early_by_layer"]
     assert u["misses_per_layer"][0] == u["misses_per_layer"][1] == u["misses_per_layer"][2] > 0, u["misses_per_layer"]
+
+
+def test_glm52_with_speculative_decoding_keeps_a_lru_per_layer(spec, ess_env, monkeypatch, caplog):  # noqa: F811
+    """SGLang's spec args published (EAGLE, 4 draft tokens): the store has no groups, the shared-index layers
+    plan inside attention (late) with a resolver call of their own, and decode gives exactly the outputs of the
+    grouped store (no spec) on the same requests and top-k: the same rows, attended in the same order."""
+    import logging
+
+    from sgl_ess.integration.sglang.pools import pool_adapter
+
+    _patch_glm52(monkeypatch)
+    runs = {}
+    for algo in (None, "EAGLE"):
+        spec.speculative_algorithm, spec.speculative_num_draft_tokens = algo, 4 if algo else None
+        monkeypatch.setattr(pool_adapter, "_warned_speculative", False)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="sgl_ess"):
+            fake = base._gpu_fake("flashmla_sparse", ess_env, monkeypatch)
+            backend, runner, _ = next(fake)
+        warned = [r for r in caplog.records if "with --speculative-algorithm: shared-index layers keep their own "
+                  "LRU and plan their fetch inside attention" in r.getMessage()]
+        assert [r.levelno for r in warned] == ([logging.WARNING] if algo else []), [r.getMessage() for r in warned]
+        try:
+            outs, calls = _prefill_and_decode(backend, runner, monkeypatch)
+            runs[algo] = (backend.ess.store.cfg, outs, calls, backend.ess.usage())
+        finally:
+            next(fake, None)
+    grouped, per_layer = runs[None], runs["EAGLE"]
+    assert grouped[0].anchors == (0, 0, 0, 3, 3)
+    assert per_layer[0].layer_anchors == () and per_layer[0].anchors == tuple(range(LAYERS))
+    assert per_layer[2] == [LAYERS] * STEPS, "one resolver call per layer and step"
+    u = per_layer[3]
+    shared = [i for i in range(LAYERS) if i not in ANCHORS]
+    assert [u["plans_early_by_layer"][i] for i in ANCHORS] == [STEPS] * len(ANCHORS), u["plans_early_by_layer"]
+    assert [u["plans_late_by_layer"][i] for i in shared] == [STEPS] * len(shared), u["plans_late_by_layer"]
+    assert [u["plans_early_by_layer"][i] for i in shared] == [0] * len(shared), u["plans_early_by_layer"]
+    # each layer's own LRU sees its anchor's top-k: the same misses as the grouped table
+    assert u["misses_per_layer"] == grouped[3]["misses_per_layer"], (u["misses_per_layer"], grouped[3])
+    assert len(per_layer[1]) == len(grouped[1]) == STEPS * LAYERS
+    for i, (a, b) in enumerate(zip(per_layer[1], grouped[1])):
+        assert torch.equal(a, b), f"step {i // LAYERS} layer {i % LAYERS}: spec per-layer != grouped"
 
 
 def _glm_runner(indexer_types):
@@ -121,14 +183,7 @@ def test_glm52_groups_from_indexer_types_and_none_for_glm5(spec):
     assert EssPoolAdapter(_glm_runner(INDEXER_TYPES), cfg).store_cfg.anchors == (0, 0, 0, 3, 3)
     # GLM-5 / 5.1: every layer has its indexer, so no groups: the per-layer store as before
     assert EssPoolAdapter(_glm_runner(["full"] * 3), cfg).store_cfg.layer_anchors == ()
-
-
-def test_glm52_with_speculative_decoding_is_refused(spec):
-    from sgl_ess.config import EssConfig
-    from sgl_ess.integration.sglang.pools.pool_adapter import EssPoolAdapter
-
-    cfg = EssConfig(hot_slots_per_request=24, prefetch_engine="inline")
+    # speculative decoding on: no groups for either (a per-layer LRU, the shared layers planned late)
     spec.speculative_algorithm, spec.speculative_num_draft_tokens = "EAGLE", 4
-    with pytest.raises(RuntimeError, match="shared-index layers .*3 of 5.*--speculative-algorithm, 4 draft"):
-        EssPoolAdapter(_glm_runner(INDEXER_TYPES), cfg)
-    EssPoolAdapter(_glm_runner(["full"] * 3), cfg)      # GLM-5 with MTP: served
+    assert EssPoolAdapter(_glm_runner(INDEXER_TYPES), cfg).store_cfg.layer_anchors == ()
+    assert EssPoolAdapter(_glm_runner(["full"] * 3), cfg).store_cfg.layer_anchors == ()

@@ -53,7 +53,9 @@ def check(cfg) -> None:
                        facts.architecture, fam.attention_sublayers)
     elif SHARED_TOPK in facts.adds:
         logger.info("%s: shared-index layers (reusing the previous layer's top-k): ESS resolves each group's LRU "
-                    "once per step at its anchor layer and plans every layer's fetch there", facts.architecture)
+                    "once per step at its anchor layer and plans every layer's fetch there (with "
+                    "--speculative-algorithm each layer keeps its own LRU instead: pools/pool_adapter.store_anchors)",
+                    facts.architecture)
     logger.info("ESS model family: %s (%s)", fam.name if fam else "?", facts.architecture)
 
 

@@ -89,6 +89,34 @@ def layer_anchors(hf_config, layers: int) -> tuple:
     return tuple(out) if out != list(range(layers)) else ()
 
 
+def store_anchors(hf_config, layers: int, speculative: bool) -> tuple:
+    """The StoreConfig.layer_anchors the store is built with: `layer_anchors` without speculative decoding;
+    () with it (--speculative-algorithm: MTP verify admits rows layer by layer, so a shared-index layer
+    keeps its own LRU and plans its fetch inside attention, exact but not hidden behind compute). Also what
+    the launcher's --ess-explain sizes (launcher/pool_plan.store_device_bytes)."""
+    return () if speculative else layer_anchors(hf_config, layers)
+
+
+def speculative_on() -> bool:
+    """SGLang's --speculative-algorithm is set in this process (as device_budget.draft_tokens reads it)."""
+    from sglang.srt.runtime_context import get_spec
+
+    algo = getattr(get_spec(), "speculative_algorithm", None)
+    return not (algo in (None, "", "NONE") or getattr(algo, "name", algo) == "NONE")
+
+
+_warned_speculative = False
+
+
+def _warn_speculative_per_layer(arch: str) -> None:
+    """Once per process: a shared-index model served with speculative decoding keeps per-layer LRUs."""
+    global _warned_speculative
+    if not _warned_speculative:
+        _warned_speculative = True
+        logger.warning("ESS: %s with --speculative-algorithm: shared-index layers keep their own LRU and plan "
+                       "their fetch inside attention (not hidden behind compute)", arch)
+
+
 def running_rows(req_pool) -> int:
     """Hot buffers a store needs for SGLang's request pool `req_pool`: on a PD decode node
     (DecodeReqToTokenPool: rows for --max-running-requests plus pre-allocated rows for requests still
@@ -133,16 +161,13 @@ class EssPoolAdapter:
         self.topk = mc.hf_config.index_topk
         req_to_token = model_runner.req_to_token_pool.req_to_token
         max_requests = req_to_token.shape[0]
-        anchors = layer_anchors(mc.hf_config, self.layers)
         n_draft = draft_tokens()
-        if anchors and n_draft:
-            raise RuntimeError(
-                f"ESS: {mc.hf_config.architectures[0]} has shared-index layers (layers reusing the previous "
-                f"layer's top-k: {sum(a != i for i, a in enumerate(anchors))} of {self.layers}), whose one slot "
-                f"table per group ESS does not yet resolve for speculative decoding (--speculative-algorithm, "
-                f"{n_draft} draft tokens: MTP verify admits rows layer by layer). Serve without "
-                "--speculative-algorithm, or with --ess-enabled false")
-        # shared-index layers (anchors): one LRU slot table per group, planned at its anchor
+        # shared-index layers: one LRU slot table per group, planned at its anchor; with speculative
+        # decoding each layer keeps its own LRU (store_anchors), its shared layers planned late as before
+        spec = speculative_on() or n_draft > 0
+        anchors = store_anchors(mc.hf_config, self.layers, spec)
+        if spec and layer_anchors(mc.hf_config, self.layers) and getattr(model_runner, "tp_rank", 0) == 0:
+            _warn_speculative_per_layer(mc.hf_config.architectures[0])
         self.store_cfg = store_config(cfg, self.layers, self.row_bytes, self.topk, max_requests,
                                       req_to_token.shape[1], str(model_runner.device), host.capacity_tokens,
                                       hot_buffers=running_rows(model_runner.req_to_token_pool),

@@ -8,7 +8,8 @@ sgl_ess.store.StoreConfig.device_allocation counts (the sim imports no torch, so
   ring_tags    8 B per staged row
   lru_state    slot -> token int64 + LRU order int32 per (LRU table, request row + the padding row, slot); one
                table per ANCHOR layer: a shared-index model (GLM-5.2, Hunyuan V4: indexer_types "shared") keeps
-               one table per group of layers that share a top-k (StoreConfig.layer_anchors, 7884a3b)
+               one table per group of layers that share a top-k (StoreConfig.layer_anchors, 7884a3b); with MTP
+               one per layer again (pools/pool_adapter.store_anchors: --speculative-algorithm drops the groups)
   token_map    int32 per (request row + 1, context token + 1)
   counters     8 B x (2 x layers x rows + 6 x layers)
   engine       the stream engine's zero row + 4 int64 counters
@@ -58,14 +59,16 @@ def hot_slots(m: ModelSpec, ratio: float, context: int) -> int:
     return max(m.topk_tokens + 1, math.ceil(ratio * context)) if m.topk_tokens else context
 
 
-def lru_tables(m: ModelSpec) -> int:
+def lru_tables(m: ModelSpec, mtp: int = 1) -> int:
     """LRU slot tables of the store: one per anchor layer (StoreConfig.layer_anchors groups the shared-index
-    layers after an anchor onto its table); every attention layer without shared-index layers."""
+    layers after an anchor onto its table); every attention layer without shared-index layers, and with MTP
+    (`mtp` > 1 tokens verified per step: the server's store keeps one LRU per layer under
+    --speculative-algorithm, pools/pool_adapter.store_anchors)."""
     layers = m.num_layers * m.attention_sublayers
-    if m.index_anchor_layers < 0:
-        return layers
     if m.index_anchor_layers == 0:
         raise SimConfigError(f"{m.name}: dense MLA (no indexer): no ESS store to size")
+    if m.index_anchor_layers < 0 or mtp > 1:
+        return layers
     if m.attention_sublayers != 1:
         raise SimConfigError(f"{m.name}: shared-index layers with {m.attention_sublayers} attention layers per decoder "
                              "layer: not modelled")
@@ -80,5 +83,5 @@ def model_store_allocation(m: ModelSpec, batch: int, ratio: float, context: int,
     return store_device_allocation(layers=m.num_layers * m.attention_sublayers,
                                    row_bytes=m.latent_bytes_per_token_layer if row_bytes is None else row_bytes,
                                    topk=m.topk_tokens, request_rows=batch + 1, hot_slots=hot_slots(m, ratio, context),
-                                   context_tokens=context, lru_tables=lru_tables(m),
+                                   context_tokens=context, lru_tables=lru_tables(m, mtp),
                                    draft_tokens=mtp if mtp > 1 else 0)

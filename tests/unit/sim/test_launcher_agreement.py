@@ -109,17 +109,7 @@ def _by_tensor(out: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+) [0-9.]+ [MG]B \((\d+) B\)", line)}
 
 
-def _device_cases():
-    for name in CASES:
-        marks = [pytest.mark.xfail(strict=True, reason=(
-            "the launcher's --ess-explain (launcher/pool_plan.store_device_bytes) builds its StoreConfig without "
-            "layer_anchors, so it counts one LRU table per layer; the store of a shared-index model keeps one per "
-            "anchor layer (7884a3b). Strict: passes, and so fails here, once the launcher passes the anchors"))] \
-            if name in SHARED_INDEX else []
-        yield pytest.param(name, marks=marks)
-
-
-@pytest.mark.parametrize("name", list(_device_cases()))
+@pytest.mark.parametrize("name", list(CASES))
 def test_plan_device_bytes_per_gpu_equal_ess_explain(runs, name):
     """The ESS store's device bytes per GPU, total and every tensor, as explain prints them."""
     lp, rep, rc, out, err = runs[name]
@@ -129,20 +119,21 @@ def test_plan_device_bytes_per_gpu_equal_ess_explain(runs, name):
 
 
 @pytest.mark.parametrize("name", sorted(SHARED_INDEX))
-def test_shared_index_device_bytes_differ_from_explain_only_by_the_per_layer_lru_tables(runs, name):
-    """Until the launcher passes layer_anchors: every tensor but lru_state equal; explain's lru_state is the
-    sim's with one table per layer instead of one per anchor."""
+def test_shared_index_lru_tables_one_per_anchor_or_per_layer_with_mtp(runs, name):
+    """A shared-index model's LRU state in explain (the launcher's StoreConfig with the scheduler's
+    layer_anchors): one table per anchor layer without MTP (GLM-5.2 here), one per layer with it (Hunyuan V4,
+    MTP 4: --speculative-algorithm drops the groups)."""
     lp, rep, rc, out, err = runs[name]
     assert rc == 0, err[-3000:]
-    explain, sim = _by_tensor(out), dict(lp.device_allocation)
-    m = ModelSpec.load(CASES[name][0])
-    tables = lru_tables(m)
-    assert tables == m.index_anchor_layers < rep.layers
-    assert {k: v for k, v in explain.items() if k != "lru_state"} == {k: v for k, v in sim.items()
-                                                                      if v and k != "lru_state"}
+    m, mtp = ModelSpec.load(CASES[name][0]), CASES[name][5]
     per_table = (lp.request_rows + 1) * lp.hot_slots_per_request * 12
-    assert sim["lru_state"] == tables * per_table
-    assert explain["lru_state"] == rep.layers * per_table
+    tables = rep.layers if mtp > 1 else m.index_anchor_layers
+    assert m.index_anchor_layers < rep.layers and lru_tables(m, mtp) == tables
+    assert _by_tensor(out)["lru_state"] == tables * per_table
+
+
+def test_the_shared_index_cases_cover_both_rules():
+    assert {CASES[n][5] > 1 for n in SHARED_INDEX} == {False, True}
 
 
 def test_mtp_cases_plan_scratch_rows():

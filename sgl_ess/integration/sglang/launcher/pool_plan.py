@@ -39,10 +39,30 @@ DEFAULT_DEVICE_TOKENS = 16384        # ESS off: device pool tokens when nothing 
 GeometryReader = Callable[[str, bool, Optional[str]], Optional[ModelGeometry]]
 
 
-def read_geometry(model: str, trust_remote_code: bool, revision: Optional[str]) -> Optional[ModelGeometry]:
-    from .model_config import load_geometry
+@dataclasses.dataclass(frozen=True)
+class ConfiguredGeometry(ModelGeometry):
+    """The geometry with the model config it was read from (read_geometry): the store's shared-index groups
+    (StoreConfig.layer_anchors) come from it, by the scheduler's own rule (store_device_bytes)."""
+    hf_config: object = dataclasses.field(default=None, compare=False, repr=False)
 
-    return load_geometry(model, trust_remote_code, revision)
+
+def read_geometry(model: str, trust_remote_code: bool, revision: Optional[str]) -> Optional[ModelGeometry]:
+    from transformers import AutoConfig
+
+    from .model_config import _as_sglang_reads_it, load_geometry
+
+    geo = load_geometry(model, trust_remote_code, revision)
+    if geo is None:
+        return None
+    # read again as load_geometry did (it succeeded, so this does): its value is not returned by it
+    cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code, revision=revision)
+    cfg = _as_sglang_reads_it(model, cfg, trust_remote_code, revision)
+    return ConfiguredGeometry(**{f.name: getattr(geo, f.name) for f in dataclasses.fields(geo)}, hf_config=cfg)
+
+
+def speculative(out: list[str]) -> bool:
+    """--speculative-algorithm given and not NONE (as pools/device_budget.draft_tokens reads SGLang's)."""
+    return flag_value(out, "--speculative-algorithm") not in (None, "", "NONE")
 
 
 def fp8_geometry(geo: ModelGeometry) -> ModelGeometry:
@@ -153,8 +173,11 @@ def store_device_bytes(cfg: EssConfig, geo: ModelGeometry, out: list[str], runni
                        has_cuda: bool) -> dict:
     """The device bytes of the store one rank builds, by the scheduler's own StoreConfig (the same call
     pools/cuda_memory.ess_device_bytes makes): request rows = --max-running-requests per DP-attention
-    worker + SGLang's padding row; columns = --context-length, else the model's (SGLang's get_context_length)."""
-    from ..pools.pool_adapter import store_config
+    worker + SGLang's padding row; columns = --context-length, else the model's (SGLang's get_context_length);
+    layer_anchors as the scheduler's store gets them (pools/pool_adapter.store_anchors: a shared-index model
+    keeps one LRU table per group of layers, one per layer with --speculative-algorithm), from the model
+    config read_geometry read (a geometry given without it, as in tests: none)."""
+    from ..pools.pool_adapter import store_anchors, store_config
 
     workers = lay["dp"] if lay["dp_attention"] else 1
     rows = max(1, running // workers) + 1
@@ -163,12 +186,16 @@ def store_device_bytes(cfg: EssConfig, geo: ModelGeometry, out: list[str], runni
                   "the model's config" if geo.context_len else "not known: StoreConfig's default")
     # MTP: the store's scratch rows for a verify's own rows (store/verify_slots.py), from the draft-token
     # count given on the command line (SGLang's own default, when it is not given, is not known here)
-    draft = (int_flag(out, "--speculative-num-draft-tokens") or 0) if flag_value(out, "--speculative-algorithm") else 0
+    spec = speculative(out)
+    draft = (int_flag(out, "--speculative-num-draft-tokens") or 0) if spec else 0
+    hf_config = getattr(geo, "hf_config", None)
+    anchors = store_anchors(hf_config, geo.layers, spec) if hf_config is not None else ()
     sc = store_config(cfg, geo.layers, geo.latent_row_bytes, int(geo.index_topk), rows, ctx,
-                      "cuda" if has_cuda else "cpu", 1, draft_tokens=draft)
+                      "cuda" if has_cuda else "cpu", 1, draft_tokens=draft, layer_anchors=anchors)
     alloc = sc.device_allocation()
     return {"request_rows": rows, "context_tokens": ctx, "context_tokens_source": ctx_source,
             "store_hot_slots_per_request": sc.hot_slots_per_request, "device_allocation": alloc,
+            "lru_tables": len(set(sc.anchors)),
             "device_bytes_per_device": sum(alloc.values())}
 
 

@@ -76,7 +76,9 @@ def test_longcat_ess_on_equals_off(longcat):
             assert [lp for _, lp in a] == [lp for _, lp in b], f"{when} batch, request {i}: log-probs differ"
     assert len({t for t, _ in on["first"][0]}) > 4            # not a degenerate repetition
     assert "Traceback" not in on["log"] and "Traceback" not in off["log"]
-    assert "shared-index layers" in on["log"]       # the launcher said the shared top-k layers plan late
+    # the launcher said the shared top-k layers keep their own LRU and plan late (model_support.check)
+    assert ("LongcatFlashForCausalLM: shared top-k layers with 2 attention sub-layers per decoder layer keep their "
+            "own LRU; ESS plans their fetch inside attention (late: not hidden behind compute)") in on["log"]
 
 
 def test_longcat_live_rows_back_to_zero_without_a_flush(longcat):

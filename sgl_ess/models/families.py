@@ -84,8 +84,11 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "its own attention, one resolver call per anchor plan; through the CUDA class in the GPU fake every "
                 "layer planned early at its anchor's indexer hand-off, outputs within BF16 rounding of a dense "
                 "reference; store "
-                "level: the same bytes read as the per-layer design. Shared-index layers with speculative decoding: "
-                "refused (when the store is built, not at launch)"),
+                "level: the same bytes read as the per-layer design. With speculative decoding "
+                "(--speculative-algorithm) the store keeps one LRU per layer instead, the shared-index layers "
+                "planned inside their own attention (exact, not hidden behind compute): through the CUDA class in "
+                "the GPU fake with EAGLE's args, decode outputs equal to the grouped store's (not run at server "
+                "level with MTP); --ess-explain sizes the store by the same rule"),
     ModelFamily(
         "Hunyuan V4", ("HYV4ForCausalLM",), ("HYV4ForCausalLMNextN",), "hunyuan_v4.py",
         adds=frozenset({SINKS, SHARED_TOPK}), ess_implements=frozenset({SINKS, SHARED_TOPK}),
@@ -95,7 +98,9 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "verify's gathered rows), the Triton decode (interpreter), the CUDA class's decode in the GPU fake "
                 "(not run on a GPU; its prefill hands attn_sink to SGLang's own FlashMLA sparse prefill). "
                 "Server-level ESS on == off (tokens equal, log-probs within 2 fp32 ulps: its fp32 lm_head), its "
-                "shared-index layer in its anchor's group: tests/integration/test_hyv4_exactness.py"),
+                "shared-index layer in its anchor's group: tests/integration/test_hyv4_exactness.py. With "
+                "--speculative-algorithm each layer keeps its own LRU, the shared layer planned inside attention "
+                "(the pool adapter's rule, checked on GLM-5.2; --ess-explain and the sim size it so)"),
     ModelFamily(
         "LongCat-Flash (sparse attention)", ("LongcatFlashForCausalLM",), ("LongcatFlashForCausalLMNextN",),
         "longcat_flash.py", adds=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}),

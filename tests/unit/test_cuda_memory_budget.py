@@ -138,3 +138,32 @@ def test_a_store_larger_than_its_reservation_is_reported(hook, caplog):
         assert not caplog.records
         device_budget.note_store("target", _store_bytes(4, 12))     # e.g. a PD decode node's extra rows
     assert "set aside" in caplog.text and "--max-running-requests" in caplog.text
+
+
+def test_pool_budget_counts_one_lru_table_per_shared_index_group(hook):
+    """GLM-5.2's shared-index layers (tiny_glm52: 5 layers, anchors 0 and 3): the budget reserves the store the
+    adapter builds, one LRU table per group, not per layer; with MTP the store keeps one per layer again."""
+    from transformers import AutoConfig
+
+    from sgl_ess.models import TINY_GLM52_DIR
+
+    cuda_memory, spec = hook
+    kvc = _kvc(layers=5)
+    hf = AutoConfig.from_pretrained(TINY_GLM52_DIR)
+    hf.index_topk, hf.num_nextn_predict_layers = 8, 1
+    kvc.model_config.hf_config = hf
+
+    def store(anchors=(), verify_rows=0):
+        cfg = StoreConfig(num_layers=5, row_bytes=656, host_capacity_tokens=1, hot_slots_per_request=20,
+                          max_requests=8, topk=8, max_context_tokens=1024, verify_rows_per_request=verify_rows,
+                          layer_anchors=anchors)
+        return sum(cfg.device_allocation().values())
+
+    avail = 1 << 30
+    grouped = store((0, 0, 0, 3, 3))
+    assert grouped < store()                                      # the groups' LRU tables are fewer
+    assert cuda_memory._around_profile_available_bytes(lambda self, pre: avail, kvc, 0) == avail - grouped
+    spec.speculative_algorithm, spec.speculative_num_draft_tokens = "EAGLE", 4
+    scratch = 4 + (4 * 8 - 20)
+    got = cuda_memory._around_profile_available_bytes(lambda self, pre: avail, kvc, 0)
+    assert got == avail - store(verify_rows=scratch) - _store_bytes(1, verify_rows=scratch)

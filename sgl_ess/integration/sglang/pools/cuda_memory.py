@@ -50,7 +50,7 @@ def ess_device_bytes(kvc) -> dict[str, int]:
     from sgl_ess.config import EssConfig, config_from_env
 
     from .device_budget import draft_tokens
-    from .pool_adapter import store_config
+    from .pool_adapter import speculative_on, store_anchors, store_config
 
     cfg = config_from_env() or EssConfig()
     mc = kvc.model_config
@@ -64,8 +64,10 @@ def ess_device_bytes(kvc) -> dict[str, int]:
     layer_info = getattr(kvc, "layer_info", None)
     layers = int(getattr(layer_info, "num_effective_layers", 0) or mc.num_hidden_layers)
     draft_n = draft_tokens()          # MTP: the stores' scratch rows for the forward's own rows
-    out = {"target": sum(store_config(cfg, layers, row, topk, request_rows, ctx, "cuda", 1, draft_tokens=draft_n)
-                         .device_allocation().values())}
+    # shared-index models: one LRU table per anchor group, as the target's store is built (none with MTP)
+    anchors = store_anchors(mc.hf_config, layers, speculative_on())
+    out = {"target": sum(store_config(cfg, layers, row, topk, request_rows, ctx, "cuda", 1, draft_tokens=draft_n,
+                                      layer_anchors=anchors).device_allocation().values())}
     algo = getattr(get_spec(), "speculative_algorithm", None)
     if algo not in (None, "", "NONE") and getattr(algo, "name", algo) != "NONE":
         draft = int(getattr(getattr(kvc, "spec_aux_config", None), "eagle_draft_num_layers", 0) or

@@ -86,13 +86,18 @@ def test_gpu_fake_mixed_batches_through_the_cuda_class_equal_ess_off(results):
     """The same mixed batches through the CUDA class (a whole GPU-fake server,
     tests/integration/test_gpu_fake_server.py): the chunk runs SGLang's extend kernel (the FlashMLA
     stand-in) with the riding rows masked, the riding rows the store's decode path. Compared with the
-    ESS-off run above once both scheduled the same batches (at most 3 attempts)."""
+    ESS-off run above once both scheduled the same batches (at most 3 attempts). ESS unsplit
+    (--ess-prefetch-overlap-level none): at the default da a step whose misses are in flight merges two
+    FlashMLA calls' BF16 outputs by LSE, one more BF16 rounding than one call (docs/design.md), so 160
+    greedy tokens are not bit-equal to ESS off (seen: request 0 differed at index 14 at da, equal at
+    none; test_gpu_fake_server.py says the same)."""
     from .test_gpu_fake_server import GPU_FAKE_ENV
 
     (_, _, _), (off, off_batches, _), _ = results
     for attempt in range(3):
         fake, batches, usage = _serve("gpu_fake", ["--attention-backend", "dsa", "--dsa-decode-backend",
-                                                   "flashmla_sparse", "--ess-hot-slots-per-request", "40"],
+                                                   "flashmla_sparse", "--ess-hot-slots-per-request", "40",
+                                                   "--ess-prefetch-overlap-level", "none"],
                                       GPU_FAKE_ENV)
         if batches == off_batches:
             break

@@ -32,8 +32,11 @@ COMMON = ["--max-running-requests", "8", "--max-total-tokens", "16384"]
 CONFIGS = {
     "on_fit": ["--ess-hot-slots-per-request", "160"] + SPEC,
     "on_overflow": ["--ess-hot-slots-per-request", "40"] + SPEC,
+    # unsplit (--ess-prefetch-overlap-level none), as every GPU-fake server compared bit for bit with ESS
+    # off: at da a draft decode step whose misses are in flight merges two FlashMLA calls' BF16 outputs
+    # (one more rounding; test_multi_rank.GPU_FAKE_ARGS)
     "gpu_fake_overflow": ["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse",
-                          "--ess-hot-slots-per-request", "40"] + SPEC,
+                          "--ess-hot-slots-per-request", "40", "--ess-prefetch-overlap-level", "none"] + SPEC,
     "off": ["--ess-enabled", "false"] + SPEC,
     "no_spec": ["--ess-hot-slots-per-request", "40"],
 }

@@ -23,8 +23,10 @@ COMMON = ["--model-path", TINY_GLM5_DIR, "--load-format", "dummy", "--max-runnin
           "--max-total-tokens", "16384", *SPEC]
 SCALED_WEIGHTS = {"SGLESS_DUMMY_INIT": "scaled"}     # and the MTP layer shaped (sgl_ess/models/mtp_init.py)
 CONFIGS = {
+    # unsplit, as every GPU-fake server compared bit for bit with ESS off (test_multi_rank.GPU_FAKE_ARGS)
     "gpu_fake_on": (["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse",
-                     "--ess-hot-slots-per-request", "40"], {**GPU_FAKE_ENV, **SCALED_WEIGHTS}),
+                     "--ess-hot-slots-per-request", "40", "--ess-prefetch-overlap-level", "none"],
+                    {**GPU_FAKE_ENV, **SCALED_WEIGHTS}),
     "off": (["--ess-enabled", "false"], SCALED_WEIGHTS),
 }
 

@@ -22,7 +22,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def _parent(mode: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(Path(__file__).with_name("parent_process.py")), mode],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
@@ -62,6 +62,8 @@ def test_workers_exit_when_their_parent_is_killed():
         assert line, parent.stderr.read()
         a_pid = json.loads(line)["worker_pid"]
         assert our_dirs() == dirs                              # A is connected: no files on disk
+        parent.stdin.write("start B\n")                      # only now: B's ipc dir cannot be mistaken for A's
+        parent.stdin.flush()
         wait_until(lambda: len(our_dirs() - dirs) == 1 and len(_worker_children(parent.pid)) == 2, 60.0,
                    "engine B's worker to be spawned")
         b_dir = (our_dirs() - dirs).pop()

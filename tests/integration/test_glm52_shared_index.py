@@ -12,51 +12,21 @@ with an indexer hand-off (CUDA's stream engine) the anchors plan early too."""
 import pytest
 
 from sgl_ess.models import TINY_GLM52_DIR
-from sgl_ess.serving.preflight import DSA_PAGE_SIZE
 
-from ._server import group_alive, start_together
-from .conftest import HOT_SLOTS, _need_sglang
-from .test_exactness import NEW_TOKENS, _run_batch
+from ._family_servers import serve_on_and_off
+from .conftest import HOT_SLOTS
+from .test_exactness import NEW_TOKENS
 
 pytestmark = pytest.mark.integration
 
-ROWS = 4
+LAYERS, ROW_BYTES = 5, (64 + 16) * 2      # tiny_glm52: num_hidden_layers, (kv_lora_rank + rope) x bf16
 ANCHORS, SHARED = [0, 3], [1, 2, 4]
-POOL_TOKENS = 8192
-POOL_GB = (POOL_TOKENS + DSA_PAGE_SIZE) * 5 * (64 + 16) * 2 / 1e9     # 5 layers of bf16 (64 + 16) rows
-SCALED_WEIGHTS = {"SGLESS_DUMMY_INIT": "scaled"}
-
-
-def _serve(srv):
-    try:
-        before = srv.ess_usage() if srv.name.endswith("on") else {}
-        out = {}
-        out["first"], raw = _run_batch(srv)          # 6 clients on 4 rows: rows reused within the batch
-        out["prompt_tokens"] = raw[0]["meta_info"]["prompt_tokens"]
-        if srv.name.endswith("on"):
-            out["before"], out["usage"] = before, srv.ess_usage()
-            out["after"] = srv.wait_ess_zero(timeout_s=90)       # polls WITHOUT a flush first
-        out["log"] = srv.log_tail(100000)
-    finally:
-        srv.stop()
-    assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
-    return out
 
 
 @pytest.fixture(scope="module")
 def glm52():
-    _need_sglang()
-    common = ["--model-path", TINY_GLM52_DIR, "--load-format", "dummy", "--max-running-requests", str(ROWS)]
-    # both started at once (their starts overlap), then used one after the other
-    servers = start_together({"on": (common + ["--ess-hot-slots-per-request", str(HOT_SLOTS),
-                                               "--ess-memory-pool-size-gb", repr(POOL_GB)], SCALED_WEIGHTS),
-                              "off": (common + ["--ess-enabled", "false", "--max-total-tokens", str(POOL_TOKENS)],
-                                      SCALED_WEIGHTS)}, prefix="glm52_")
-    try:
-        return {"on": _serve(servers.pop("on")), "off": _serve(servers.pop("off"))}
-    finally:
-        for srv in servers.values():
-            srv.stop()
+    # one batch: 6 clients on 4 rows, so rows are reused within the batch
+    return serve_on_and_off(TINY_GLM52_DIR, LAYERS, ROW_BYTES, prefix="glm52_", batches=("first",))
 
 
 def test_glm52_ess_on_equals_off(glm52):

@@ -8,54 +8,19 @@ the bytes the server allocated equal the launcher's plan. One pair of servers fo
 import pytest
 
 from sgl_ess.models import TINY_GLM5_DIR
-from sgl_ess.serving.preflight import DSA_PAGE_SIZE
 
-from ._server import group_alive, start_together
-from .conftest import HOT_SLOTS, _need_sglang
-from .test_exactness import NEW_TOKENS, _run_batch
+from ._family_servers import POOL_TOKENS, serve_on_and_off
+from .conftest import HOT_SLOTS
+from .test_exactness import NEW_TOKENS
 
 pytestmark = pytest.mark.integration
 
-ROWS = 4                                  # --max-running-requests: fewer than the 6 concurrent clients
 LAYERS, ROW_BYTES = 3, (64 + 16) * 2      # tiny_glm5: num_hidden_layers, (kv_lora_rank + rope) x bf16
-POOL_TOKENS = 8192
-POOL_GB = (POOL_TOKENS + DSA_PAGE_SIZE) * LAYERS * ROW_BYTES / 1e9     # SGLang adds one padding page
-# the launcher's unit-variance random weights (launcher/dummy_init.py; it sets this for the default model
-# only): SGLang's own dummy weights leave the logits flat and attention barely reaching them
-SCALED_WEIGHTS = {"SGLESS_DUMMY_INIT": "scaled"}
-
-
-def _serve(srv):
-    try:
-        out = {"status": srv.get("/ess/status")}
-        before = srv.ess_usage().get("rows_h2d", 0)
-        out["first"], raw = _run_batch(srv)
-        out["again"], _ = _run_batch(srv)
-        out["prompt_tokens"] = raw[0]["meta_info"]["prompt_tokens"]
-        if srv.name.endswith("on"):
-            out["fetched"] = srv.ess_usage()["rows_h2d"] - before
-            out["after"] = srv.wait_ess_zero(timeout_s=90)       # polls WITHOUT a flush first
-        out["log"] = srv.log_tail(100000)
-    finally:
-        srv.stop()
-    assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
-    return out
 
 
 @pytest.fixture(scope="module")
 def glm():
-    _need_sglang()
-    common = ["--model-path", TINY_GLM5_DIR, "--load-format", "dummy", "--max-running-requests", str(ROWS)]
-    # both started at once (their starts overlap), then used one after the other
-    servers = start_together({"on": (common + ["--ess-hot-slots-per-request", str(HOT_SLOTS),
-                                               "--ess-memory-pool-size-gb", repr(POOL_GB)], SCALED_WEIGHTS),
-                              "off": (common + ["--ess-enabled", "false", "--max-total-tokens", str(POOL_TOKENS)],
-                                      SCALED_WEIGHTS)}, prefix="glm5_")
-    try:
-        return {"on": _serve(servers.pop("on")), "off": _serve(servers.pop("off"))}
-    finally:
-        for srv in servers.values():
-            srv.stop()
+    return serve_on_and_off(TINY_GLM5_DIR, LAYERS, ROW_BYTES, prefix="glm5_")
 
 
 def test_glm5_sizing_follows_its_layer_count(glm):

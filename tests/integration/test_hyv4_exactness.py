@@ -5,55 +5,25 @@ contexts several times the hot buffer, live host rows and hot buffers back to ze
 Both servers run the ``ess`` backend (SGLang serves no other CPU backend for it), which reads each
 layer's sink from the model; the sink math itself is checked against the model's definition in
 tests/unit/attention/test_sinks.py. The random sinks are nonzero (launcher/dummy_init.py). One pair of
-servers for the module."""
+servers for the module, started together."""
 
 import numpy as np
 import pytest
 
 from sgl_ess.models import TINY_HYV4_DIR
-from sgl_ess.serving.preflight import DSA_PAGE_SIZE
 
-from ._server import Server, group_alive
-from .conftest import HOT_SLOTS, _need_sglang
-from .test_exactness import NEW_TOKENS, _run_batch
+from ._family_servers import POOL_TOKENS, serve_on_and_off
+from .conftest import HOT_SLOTS
+from .test_exactness import NEW_TOKENS
 
 pytestmark = pytest.mark.integration
 
-ROWS = 4                                  # --max-running-requests: fewer than the 6 concurrent clients
 LAYERS, ROW_BYTES = 3, (64 + 16) * 2      # tiny_hyv4: num_hidden_layers, (kv_lora_rank + rope) x bf16
-POOL_TOKENS = 8192
-POOL_GB = (POOL_TOKENS + DSA_PAGE_SIZE) * LAYERS * ROW_BYTES / 1e9     # SGLang adds one padding page
-# the launcher's unit-variance random weights (launcher/dummy_init.py; it sets this for the default model
-# only): SGLang's own dummy weights leave the logits flat, attention barely reaching them, sinks all zero
-SCALED_WEIGHTS = {"SGLESS_DUMMY_INIT": "scaled"}
-
-
-def _serve(name, args):
-    srv = Server(name, ["--model-path", TINY_HYV4_DIR, "--load-format", "dummy", "--max-running-requests",
-                        str(ROWS), *args], SCALED_WEIGHTS)
-    try:
-        srv.wait_healthy()
-        out = {"status": srv.get("/ess/status")}
-        before = srv.ess_usage().get("rows_h2d", 0)
-        out["first"], raw = _run_batch(srv)
-        out["again"], _ = _run_batch(srv)
-        out["prompt_tokens"] = raw[0]["meta_info"]["prompt_tokens"]
-        if name.endswith("on"):
-            out["fetched"] = srv.ess_usage()["rows_h2d"] - before
-            out["after"] = srv.wait_ess_zero(timeout_s=90)       # polls WITHOUT a flush first
-        out["log"] = srv.log_tail(100000)
-    finally:
-        srv.stop()
-    assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
-    return out
 
 
 @pytest.fixture(scope="module")
 def hyv4():
-    _need_sglang()
-    return {"on": _serve("hyv4_on", ["--ess-hot-slots-per-request", str(HOT_SLOTS),
-                                     "--ess-memory-pool-size-gb", repr(POOL_GB)]),
-            "off": _serve("hyv4_off", ["--ess-enabled", "false", "--max-total-tokens", str(POOL_TOKENS)])}
+    return serve_on_and_off(TINY_HYV4_DIR, LAYERS, ROW_BYTES, prefix="hyv4_")
 
 
 def test_hyv4_sizing_follows_its_layer_count(hyv4):

@@ -7,54 +7,26 @@ contexts several times the hot buffer, live host rows and hot buffers back to ze
 The host pool is sized from a GB budget for 4 latent layers: a launcher that counted num_hidden_layers
 (2) would plan twice the tokens, and the pool SGLang builds (4 layers) would not match the plan.
 The shared top-k layers are served by today's late-plan path (their fetch planned inside attention).
-One pair of servers for the module."""
+One pair of servers for the module, started together."""
 
 import pytest
 
 from sgl_ess.models import families
-from sgl_ess.serving.preflight import DSA_PAGE_SIZE
 
-from ._server import Server, group_alive
-from .conftest import HOT_SLOTS, _need_sglang
-from .test_exactness import NEW_TOKENS, _run_batch
+from ._family_servers import POOL_TOKENS, serve_on_and_off
+from .conftest import HOT_SLOTS
+from .test_exactness import NEW_TOKENS
 
 pytestmark = pytest.mark.integration
 
 TINY_LONGCAT_DIR = families.__file__.rsplit("/", 1)[0] + "/tiny_longcat"
-ROWS = 4                                  # --max-running-requests: fewer than the 6 concurrent clients
 DECODER_LAYERS = 2                        # tiny_longcat: num_hidden_layers
 LAYERS, ROW_BYTES = 2 * DECODER_LAYERS, (64 + 16) * 2     # two attention sub-layers each; (kv_lora_rank + rope) x bf16
-POOL_TOKENS = 8192
-POOL_GB = (POOL_TOKENS + DSA_PAGE_SIZE) * LAYERS * ROW_BYTES / 1e9     # SGLang adds one padding page
-SCALED_WEIGHTS = {"SGLESS_DUMMY_INIT": "scaled"}       # as test_glm5_exactness: logits not flat
-
-
-def _serve(name, args):
-    srv = Server(name, ["--model-path", TINY_LONGCAT_DIR, "--load-format", "dummy", "--max-running-requests",
-                        str(ROWS), *args], SCALED_WEIGHTS)
-    try:
-        srv.wait_healthy()
-        out = {"status": srv.get("/ess/status")}
-        before = srv.ess_usage().get("rows_h2d", 0)
-        out["first"], raw = _run_batch(srv)
-        out["again"], _ = _run_batch(srv)
-        out["prompt_tokens"] = raw[0]["meta_info"]["prompt_tokens"]
-        if name.endswith("on"):
-            out["fetched"] = srv.ess_usage()["rows_h2d"] - before
-            out["after"] = srv.wait_ess_zero(timeout_s=90)       # polls WITHOUT a flush first
-        out["log"] = srv.log_tail(100000)
-    finally:
-        srv.stop()
-    assert not group_alive(srv.pgid), f"processes of {srv.name} left behind (pgid {srv.pgid})"
-    return out
 
 
 @pytest.fixture(scope="module")
 def longcat():
-    _need_sglang()
-    return {"on": _serve("longcat_on", ["--ess-hot-slots-per-request", str(HOT_SLOTS),
-                                        "--ess-memory-pool-size-gb", repr(POOL_GB)]),
-            "off": _serve("longcat_off", ["--ess-enabled", "false", "--max-total-tokens", str(POOL_TOKENS)])}
+    return serve_on_and_off(TINY_LONGCAT_DIR, LAYERS, ROW_BYTES, prefix="longcat_")
 
 
 def test_longcat_sizing_counts_both_attention_sublayers(longcat):

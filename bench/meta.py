@@ -13,13 +13,20 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 RESULTS_ENV = "SGL_ESS_BENCH_RESULTS"    # another results folder (bench/gpu_check.sh --dry-run: $OUT/results)
 
 
+def _git(*args):
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              cwd=RESULTS.parent).stdout.strip() or None
+    except Exception:
+        return None
+
+
+# the tree as the bench found it, read once when bench starts: a bench that writes several results (plots
+# and JSON files) would otherwise find its own first outputs and call the tree dirty
+_TREE_AT_START = {"commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain"))}
+
+
 def run_metadata() -> dict:
-    def _git(*args):
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  cwd=RESULTS.parent).stdout.strip() or None
-        except Exception:
-            return None
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {"python": platform.python_version()}
@@ -35,8 +42,7 @@ def run_metadata() -> dict:
         cuda = False
     return {
         "command": " ".join(["python", *getattr(sys, "orig_argv", sys.argv)[1:]]),
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain")),
+        **_TREE_AT_START,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cuda": cuda},

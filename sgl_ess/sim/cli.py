@@ -1,4 +1,4 @@
-"""Command line: `python -m sgl_ess.sim [run|plan|validate|fit|constants|profile|sweep|sensitivity] ...`.
+"""Command line: `python -m sgl_ess.sim [run|plan|validate|fit|constants|profile|sweep|sensitivity|v4] ...`.
 
 Flags are generated from the dataclass fields of config.py (name, type, default, help, choices); `plan`
 also gets ServingLayoutConfig's. Fields in LIST_FIELDS accept comma lists on `run` and `sweep`. Every
@@ -170,6 +170,23 @@ def parser() -> argparse.ArgumentParser:
     add_config_args(se, lists=False)
     se.add_argument("--baseline-batch", type=int, default=52, help="no-offload batch the gain is measured against")
     se.add_argument("--json", action="store_true", help="print rows as JSON")
+    v4 = sub.add_parser("v4", help="DeepSeek-V4 capacity: cache bytes per request resident vs ESS, largest batch",
+                        description="DeepSeek-V4 (window + C4 + C128 compressed attention) memory only: GPU bytes "
+                                    "per request by part, SGLang's resident cache vs ESS (C4 entries on the host, "
+                                    "a hot buffer of them on the GPU), host bytes per token, and the largest "
+                                    "decode batch per GPU each way. V4's step time is not modelled.")
+    v4.add_argument("--model", default="deepseek_v4_flash", help="V4 model data (default: deepseek_v4_flash)")
+    v4.add_argument("--context", default="32k,128k", help="context tokens per request, comma list (32k = 32768)")
+    v4.add_argument("--ratio", type=float, default=0.21,
+                    help="ESS hot buffer as a fraction of a request's C4 entries, at least the 512 of one top-k "
+                         "(default: 0.21, the paper's)")
+    v4.add_argument("--hardware", default="h200", help=f"GPU profile ({', '.join(known_hardware())})")
+    v4.add_argument("--gpu-mem-gb", type=float, default=None, help="override the GPU memory in GB")
+    v4.add_argument("--ep", type=int, default=8, help="GPUs the routed experts are sharded over (default: 8)")
+    v4.add_argument("--gpus-per-node", type=int, default=8, help="GPUs sharing a node's host memory (default: 8)")
+    v4.add_argument("--host-mem-gb", type=float, default=None,
+                    help="host memory per node for the C4 entries (default: unlimited; the need is printed)")
+    v4.add_argument("--json", action="store_true", help="print one JSON object per context")
     return p
 
 
@@ -185,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("validate", "fit", "constants", "profile"):
             from . import reports
             return getattr(reports, "cmd_" + args.cmd)(args)
+        if args.cmd == "v4":
+            from .dsv4_report import cmd_v4
+            return cmd_v4(args)
         return getattr(commands, "cmd_" + args.cmd)(args)
     except SimConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -31,6 +31,17 @@ KV_CACHE_DTYPES = ("fp8_e4m3", "bf16")
 MTP_DRAFT_ACCEPTANCE = 0.7   # paper Table 2: MTP 2 accepts 1.7 tokens per step -> 0.7 per draft token
 
 
+V4_NAMES = ("deepseek_v4_flash", "v4", "v4-flash", "deepseek-v4", "deepseek-v4-flash", "dsv4")
+
+
+def unknown_model(name: str) -> str:
+    """The message for a --model the step-time model does not know (DeepSeek-V4 has its own command)."""
+    if name.lower() in V4_NAMES:
+        return (f"model = {name!r}: DeepSeek-V4 is not MLA + DSA, and the step-time model does not cover it; "
+                f"its capacity (bytes per request, largest batch resident vs ESS) is `python -m sgl_ess.sim v4`")
+    return f"model = {name!r}: unknown; expected one of {', '.join(KNOWN_MODELS)}; fix --model"
+
+
 class SimConfigError(ValueError):
     """A user-facing configuration error; the CLI prints it and exits with status 2."""
 
@@ -95,7 +106,7 @@ class ModelSpec:
     def load(cls, name: str = "deepseek_v32_exp") -> "ModelSpec":
         name = model_name(name)
         if name not in KNOWN_MODELS:
-            raise SimConfigError(f"model = {name!r}: unknown; expected one of {', '.join(KNOWN_MODELS)}; fix --model")
+            raise SimConfigError(unknown_model(name))
         return _load_model(name)
 
     @classmethod
@@ -203,8 +214,7 @@ class DeploymentConfig:
                                  f"{self.nodes * self.gpus_per_node}; fix --ep or --nodes")
         object.__setattr__(self, "model", model_name(self.model))
         if self.model not in KNOWN_MODELS:
-            raise SimConfigError(f"model = {self.model!r}: unknown; expected one of {', '.join(KNOWN_MODELS)}; "
-                                 f"fix --model")
+            raise SimConfigError(unknown_model(self.model))
 
     @property
     def gpus(self) -> int:

@@ -43,6 +43,9 @@ def check(cfg) -> None:
     """Raise PreflightError (exit 2) when ESS does not serve the model of `cfg`."""
     facts = facts_of(cfg)
     text = refusal(facts)
+    if text and facts.architecture == "DeepseekV4ForCausalLM":
+        from sgl_ess.sim.dsv4 import config_summary
+        text += ". " + config_summary((cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).to_dict())
     if text:
         raise PreflightError(text)
     fam = family_of(facts.architecture)

@@ -9,11 +9,14 @@
               experts off (SGLang's zero-expert kernel is Triton: not on CPU);
   tiny_hyv4   Hunyuan V4 (``HYV4ForCausalLM``): the same sizes with HYV4's learnable attention sinks,
               output gate and iHC streams, 3 layers, the last a shared-index layer.
+  tiny_dsv4   DeepSeek-V4-Flash-shaped (``DeepseekV4ForCausalLM``): 6 layers of the three kinds its
+              ``compress_ratios`` name (0 window only, 4 C4 with its indexer, 128 C128), V4's own row
+              widths (head_dim 512 = 448 + 64, index_head_dim 128), everything else tiny (docs/dsv4.md).
 
 The generated files ship in the package (``sgl_ess/models/tiny_*/``); serving never
 regenerates them. Re-run only to change a model:
 
-    python -m sgl_ess.models.make_tiny [--model dsv32|glm5|glm52|hyv4|longcat] [--latent tiny|h200] [OUT_DIR]
+    python -m sgl_ess.models.make_tiny [--model dsv32|dsv4|glm5|glm52|hyv4|longcat] [--latent tiny|h200] [OUT_DIR]
 
 ``--latent h200`` writes the same model with DeepSeek-V3.2's own latent width, kv_lora_rank 512 +
 rope 64 (default directory ``tiny_<model>_h200``): the only width FlashMLA's FP8 KV rows (656 bytes)
@@ -174,6 +177,69 @@ CONFIGS["longcat"] = ("tiny_longcat", LONGCAT_CONFIG)
 # (SGLang's dsa_layer_skips_topk; the real GLM-5.2 has 78 layers, 21 of them anchors)
 GLM52_CONFIG = dict(GLM5_CONFIG, num_hidden_layers=5, indexer_types=["full", "shared", "shared", "full", "shared"])
 CONFIGS["glm52"] = ("tiny_glm52", GLM52_CONFIG)
+# DeepSeek-V4 (SGLang's DeepSeekV4Config, srt/configs/deepseek_v4.py, loaded through its
+# _DeepseekV4ConfigAlias for model_type "deepseek_v4"; DeepseekV4ForCausalLM, deepseek_v4.py). Each layer's kind
+# is compress_ratios[layer]: 0 window only (128 tokens), 4 C4 (+ the C4 indexer), 128 C128; the order follows the
+# V4-Flash schedule in sgl_ess/sim/data/model_deepseek_v4_flash.json (window-only layers first, then 4 / 128
+# alternating). The row widths stay V4's own: head_dim 512 = 448 NoPE + 64 RoPE (the 584-byte row SGLang's pool
+# asserts) and index_head_dim 128; one KV head (MQA).
+# num_hash_layers 0: hash-routed MoE layers look experts up in a per-token table a random model has no sane
+# values for. The MTP (NextN) layer is window only in SGLang (COMPRESS_RATIO_NEXTN_LAYER 0, deepseek_v4_nextn.py:53).
+DSV4_CONFIG = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 6,
+    "compress_ratios": [0, 0, 4, 128, 4, 128],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 448,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 512,
+    "q_lora_rank": 96,
+    "o_lora_rank": 64,
+    "o_groups": 2,
+    "q_head_norm": True,
+    "sliding_window": 128,
+    "window_size": 128,
+    "index_head_dim": 128,
+    "index_n_heads": 4,
+    "index_topk": 32,
+    "n_shared_experts": 1,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.5,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 0,
+    "moe_layer_freq": 1,
+    "num_hash_layers": 0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "hidden_act": "silu",
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 40000.0,
+    "rope_scaling": {
+        "type": "yarn", "rope_type": "deepseek_yarn", "factor": 4.0,
+        "original_max_position_embeddings": 2048, "beta_fast": 32, "beta_slow": 1,
+    },
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "num_nextn_predict_layers": 1,
+    "vocab_size": VOCAB_SIZE,
+    "torch_dtype": "bfloat16",
+}
+CONFIGS["dsv4"] = ("tiny_dsv4", DSV4_CONFIG)
 
 
 def _training_files(limit: int = 300) -> list[str]:

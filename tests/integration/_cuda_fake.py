@@ -134,40 +134,62 @@ def ref_seqlens_expand(extend_seq_lens, seq_lens, total_len, max_q_len):
     return res
 
 
+# the forward modes whose DSA metadata the fused top-k stand-in was checked against (SGLang 0.5.23's
+# dsa_backend.init_forward_metadata: MIXED takes the EXTEND branch; SGLang 0.5.23 has no DRAFT_EXTEND
+# but DRAFT_EXTEND_V2)
+FUSED_TOPK_MODES = frozenset({"EXTEND", "MIXED", "DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"})
+
+
 def ref_fused_topk_transform(topk_pos: torch.Tensor, forward_batch, layer_id: int) -> torch.Tensor:
     """SGLang's fused top-k transform (sgl-kernel ``fast_topk_transform_fused``, the default
     SGLANG_DSA_FUSE_TOPK on CUDA) applied to the torch indexer's token positions (int32 [T, k], -1
     padding), for the forwards whose indexer metadata asks for it: the attention backend's
     ``get_indexer_metadata`` with ``force_unfused_topk`` off (SGLang's own DSA backend, ESS off; ESS's
     CUDA class forces it on and gets positions). On CUDA that kernel hands the backend physical
-    page-size-1 slots (``page_table_1[request, position]``) and the backend reads them as pool
-    locations (``_get_fused_topk_page_table``); positions read there would address other rows.
-    PAGED extend and decode only; anything else is refused."""
+    page-size-1 slots and the backend reads them as pool locations (``_get_fused_topk_page_table``);
+    positions read there would address other rows.
+
+    The kernel (sgl-kernel topk.cu, ``topk_transform_prefill_kernel`` / ``_decode_kernel``) reads
+    query row t's slots from the row i of ``page_table_1`` with ``cu_seqlens_q[i] <= t <
+    cu_seqlens_q[i + 1]`` (``DSAIndexerMetadata.topk_transform`` passes the metadata's
+    ``cu_seqlens_q``): out[t, j] = page_table_1[i, pos[t, j]], -1 kept. SGLang's metadata
+    (``dsa_backend.init_forward_metadata``) makes that one row per request in EXTEND (per extend
+    token range) and DECODE, and one row per query token in TARGET_VERIFY and DRAFT_EXTEND_V2 (``page_table``
+    repeat-interleaved by the draft-token count,
+    ``cu_seqlens_q`` = arange), so one mapping covers every mode; the modes are listed anyway so a
+    new one is refused rather than guessed. Only the PAGED method: RAGGED (FP8 pool with a
+    flashmla_sparse-family prefill, EXTEND) addresses concatenated KV and is refused, as are
+    prefill context parallelism and top-k v2 (not what these fakes run)."""
     from sglang.srt.environ import envs
     from sglang.srt.layers.attention.dsa.dsa_topk_backend import TopkTransformMethod
     from sglang.srt.model_executor.forward_context import get_attn_backend
-
-    from sgl_ess.integration.sglang.backends.query_layout import query_layout
 
     get_md = getattr(get_attn_backend(), "get_indexer_metadata", None)
     md = get_md(layer_id, forward_batch) if get_md is not None else None
     if md is None or md.force_unfused_topk or not envs.SGLANG_DSA_FUSE_TOPK.get():
         return topk_pos                                      # the unfused form: token positions
     mode = forward_batch.forward_mode
-    if md.topk_transform_method != TopkTransformMethod.PAGED or not (
-            mode.is_extend_without_speculative() or mode.is_decode_or_idle()):
+    if md.topk_transform_method != TopkTransformMethod.PAGED or mode.name not in FUSED_TOPK_MODES:
         raise NotImplementedError(
-            f"GPU fake: the fused top-k stand-in covers PAGED extend / decode only, got "
-            f"{md.topk_transform_method} in {mode.name}; set SGLANG_DSA_FUSE_TOPK=0 for this test")
-    page_table = md.attn_metadata.page_table_1
+            f"GPU fake: the fused top-k stand-in covers PAGED {sorted(FUSED_TOPK_MODES)} only, got "
+            f"{md.topk_transform_method!r} in {mode.name}; set SGLANG_DSA_FUSE_TOPK=0 for this test")
+    if envs.SGLANG_OPT_USE_TOPK_V2.get():
+        raise NotImplementedError("GPU fake: the fused top-k stand-in reproduces the page_size=1 kernel, "
+                                  "not top-k v2 (set SGLANG_OPT_USE_TOPK_V2=0)")
+    am = md.attn_metadata
+    page_table, cu = am.page_table_1, am.cu_seqlens_q
     assert page_table is not None, "the fused PAGED transform reads page_table_1"
+    cu = cu.long().tolist()
+    if len(cu) - 1 != page_table.shape[0] or cu[-1] > topk_pos.shape[0]:
+        raise NotImplementedError(f"GPU fake: cu_seqlens_q {cu} does not address {page_table.shape[0]} page "
+                                  f"table rows / {topk_pos.shape[0]} query rows in {mode.name}")
+    if bool((topk_pos[cu[-1]:] >= 0).any()):
+        raise NotImplementedError("GPU fake: query rows past cu_seqlens_q[-1] hold top-k positions")
     out = topk_pos.clone()
-    t0 = 0
-    for i, n in enumerate(query_layout(forward_batch).n_q):
-        rows = topk_pos[t0:t0 + n]
+    for i in range(len(cu) - 1):
+        rows = topk_pos[cu[i]:cu[i + 1]]
         locs = page_table[i][rows.long().clamp(min=0)]
-        out[t0:t0 + n] = torch.where(rows >= 0, locs.to(out.dtype), rows)
-        t0 += n
+        out[cu[i]:cu[i + 1]] = torch.where(rows >= 0, locs.to(out.dtype), rows)
     return out
 
 

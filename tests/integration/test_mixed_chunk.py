@@ -2,11 +2,15 @@
 prefilled in chunks (256-token budget, less one token per running request) while other requests decode, so they ride in mixed batches. Greedy
 tokens equal ESS off under the same flags and the same batches, and the riding requests were served by
 the decode path (their hot buffers kept; the per-trace hit-rate equality is in
-test_mixed_chunk_backend.py)."""
+test_mixed_chunk_backend.py). The same mixed batches then run through the CUDA class as a whole
+GPU-fake server in an H200's default configuration (test_gpu_fake_server.H200_ARGS: FP8 656-byte rows,
+flashmla_kv, SGLang's own prefill pick, the V3.2-latent tiny model), compared with the same fake with
+ESS off (SGLang's own DSA backend over the same FP8 rows: the chunk's extend and the riding rows' top-k
+mapped to slots by the fused top-k stand-in, MIXED taking SGLang's EXTEND metadata)."""
 
 import pytest
 
-from ._server import Server, group_alive
+from ._server import Server, group_alive, start_together
 from .conftest import _need_sglang
 
 pytestmark = pytest.mark.integration
@@ -45,16 +49,25 @@ def _batches(server):
             for ln in lines]
 
 
+def _use(srv, name):
+    """(tokens, the prefill batches this run formed, ESS usage) of one run on a healthy server, stopped after."""
+    try:
+        before = len(_batches(srv))
+        out = _run(srv)
+        return out, _batches(srv)[before:], srv.ess_usage() if "off" not in name else None, srv.log_tail(100000)
+    finally:
+        srv.stop()
+        assert not group_alive(srv.pgid)
+
+
 def _serve(name, args, env=None):
     srv = Server(f"mixed_{name}", FLAGS + args, env)
     try:
         srv.wait_healthy()
-        before = len(_batches(srv))
-        out = _run(srv)
-        return out, _batches(srv)[before:], srv.ess_usage() if name != "off" else None
-    finally:
+    except BaseException:
         srv.stop()
-        assert not group_alive(srv.pgid)
+        raise
+    return _use(srv, name)[:3]
 
 
 @pytest.fixture(scope="module")
@@ -83,26 +96,39 @@ def test_mixed_batches_equal_ess_off_and_keep_decode_path(results):
 
 
 def test_gpu_fake_mixed_batches_through_the_cuda_class_equal_ess_off(results):
-    """The same mixed batches through the CUDA class (a whole GPU-fake server,
-    tests/integration/test_gpu_fake_server.py): the chunk runs SGLang's extend kernel (the FlashMLA
-    stand-in) with the riding rows masked, the riding rows the store's decode path. Compared with the
-    ESS-off run above once both scheduled the same batches (at most 3 attempts). ESS unsplit
+    """The same mixed batches through the CUDA class (a whole GPU-fake server in an H200's default
+    configuration, tests/integration/test_gpu_fake_server.py): the chunk runs SGLang's extend kernel
+    (flashmla_kv over FP8 rows, the FlashMLA stand-in) with the riding rows masked, the riding rows the
+    store's decode path. Its reference: the same fake with ESS off (SGLang's own DSA backend over the
+    same FP8 rows, no dense MHA one-shot: test_gpu_fake_server.REFERENCE_ENV), both started together
+    and compared once both scheduled the same batches (at most 3 attempts). ESS unsplit
     (--ess-prefetch-overlap-level none): at the default da a step whose misses are in flight merges two
     FlashMLA calls' BF16 outputs by LSE, one more BF16 rounding than one call (docs/design.md), so 160
-    greedy tokens are not bit-equal to ESS off (seen: request 0 differed at index 14 at da, equal at
-    none; test_gpu_fake_server.py says the same)."""
-    from .test_gpu_fake_server import GPU_FAKE_ENV
+    greedy tokens are not bit-equal to ESS off (seen with BF16 rows: request 0 differed at index 14 at
+    da, equal at none; test_gpu_fake_server.py says the same)."""
+    from .test_gpu_fake_server import FP8_ROW_BYTES, GPU_FAKE_H200_ENV, H200_ARGS, REFERENCE_ENV
 
-    (_, _, _), (off, off_batches, _), _ = results
+    specs = {"gpu_fake_on": (FLAGS + H200_ARGS + ["--ess-hot-slots-per-request", "40",
+                                                  "--ess-prefetch-overlap-level", "none"], GPU_FAKE_H200_ENV),
+             "gpu_fake_off": (FLAGS + H200_ARGS + ["--ess-enabled", "false"], REFERENCE_ENV)}
     for attempt in range(3):
-        fake, batches, usage = _serve("gpu_fake", ["--attention-backend", "dsa", "--dsa-decode-backend",
-                                                   "flashmla_sparse", "--ess-hot-slots-per-request", "40",
-                                                   "--ess-prefetch-overlap-level", "none"],
-                                      GPU_FAKE_ENV)
+        servers = start_together(specs, prefix="mixed_")
+        try:
+            fake, batches, usage, log = _use(servers["gpu_fake_on"], "gpu_fake_on")
+            off, off_batches, _, off_log = _use(servers["gpu_fake_off"], "gpu_fake_off")
+        finally:
+            for srv in servers.values():
+                srv.stop()
         if batches == off_batches:
             break
     else:
-        pytest.fail(f"the GPU fake and ESS off never scheduled the same batches: {batches} vs {off_batches}")
+        pytest.fail(f"the GPU fake with ESS on and off never scheduled the same batches: {batches} vs {off_batches}")
+    assert any(int(running) > 0 for _, _, running in batches), f"no mixed batch: {batches}"
     assert usage["prefetch"]["engine"] == "stream" and usage.get("mixed_decode_rows", 0) > 0, usage
+    assert usage["bytes_h2d"] == usage["rows_h2d"] * FP8_ROW_BYTES, usage      # FlashMLA's FP8 rows moved
+    for lg in (log, off_log):
+        assert "Set DSA backends for fp8_e4m3 KV Cache: prefill=flashmla_kv, decode=flashmla_kv" in lg
+        assert "Traceback" not in lg
     for i, (a, b) in enumerate(zip(fake, off)):
-        assert a == b, f"request {i}: tokens differ through the CUDA class vs ESS off"
+        assert len(a) == (160 if i < len(SHORT) else 16)
+        assert a == b, f"request {i}: tokens differ through the CUDA class vs the same fake with ESS off"

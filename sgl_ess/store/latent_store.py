@@ -679,7 +679,7 @@ class LatentStore:
         self.admit(layer, reqs, positions, data)
 
     def admit_from_host(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, positions: torch.Tensor,
-                        req_to_host: torch.Tensor) -> int:
+                        req_to_host: torch.Tensor, padded: bool = False) -> int:
         """Make rows that are already final in the host pool the most recently used entries of
         their hot buffers, oldest column first (one set per request, as a step would), copying
         the bytes host -> slot. For rows that became final after the step that wrote them:
@@ -689,7 +689,8 @@ class LatentStore:
         reqs int64 [b] (open), seq_lens int64 [b], positions int64 [b, m] (< seq_lens, -1 padded).
         Returns the number of rows copied, int64 0-d on the store's device (already-resident rows
         are not copied again). Static shapes, no host read: a speculative step on CUDA runs this
-        every layer."""
+        every layer. `padded`: `reqs` may hold -1 for padded batch rows (a CUDA graph's batch): they get
+        no slot and change nothing (`assign`), whatever their positions."""
         self._check_layer(layer)
         self._check_ungrouped(layer, "admit_from_host (MTP verify)", None)
         reqs = reqs.to(self.device, torch.int64)
@@ -703,7 +704,7 @@ class LatentStore:
                 self.engine.wait(fence)
         if self.trace is not None:
             self.trace.touch(layer, reqs, seq_lens, positions)
-        groups = self.groups_of(reqs)
+        groups = self.groups_of(reqs, padded)
         a = assign(self.hot, self._table[layer], groups, seq_lens, positions, backend=self.resolver_backend)
         dst = self._hot_abs(layer, groups, a.slots)
         src = req_to_host.to(self.device)[reqs.unsqueeze(1), positions.clamp(min=0)]

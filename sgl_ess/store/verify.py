@@ -116,16 +116,21 @@ def check_window(topk: torch.Tensor, committed: torch.Tensor, what: str) -> None
 
 
 def plan_union(store, layer: int, reqs: torch.Tensor, committed: torch.Tensor, topk: torch.Tensor,
-               req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True) -> UnionPlan:
+               req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True,
+               padded: bool = False) -> UnionPlan:
     """Resolve a speculative forward's top-k (int [b, n, k] positions, -1 padded) for one layer.
 
     reqs int64 [b] (open), committed int64 [b]; req_to_host int64 [R, C]. Submits the misses'
-    fetch (`store.plan`); the caller lands `plan.step` before attention and commits it after."""
+    fetch (`store.plan`); the caller lands `plan.step` before attention and commits it after.
+    `padded`: `reqs` may hold -1 for padded batch rows (a CUDA graph's batch): their top-k is
+    ignored (read as -1), so they select, fetch and count nothing."""
     b, n, k = topk.shape
     dev = store.device
     reqs = reqs.to(dev, torch.int64)
     committed = committed.to(dev, torch.int64)
     pos = topk.to(dev, torch.int64)
+    if padded:
+        pos = torch.where((reqs >= 0)[:, None, None], pos, -1)
     if validate:
         check_window(pos, committed, "speculative top-k")
     c = committed[:, None, None]
@@ -133,7 +138,8 @@ def plan_union(store, layer: int, reqs: torch.Tensor, committed: torch.Tensor, t
     window = pos >= c
     flat = torch.where(is_committed, pos, -1).reshape(b, n * k)
     row, col = compact_union(flat, store.cfg.hot_slots_per_request)
-    step = store.plan(layer, reqs, committed, row, req_to_host, micro_batch=micro_batch, validate=validate)
+    step = store.plan(layer, reqs, committed, row, req_to_host, micro_batch=micro_batch, validate=validate,
+                      padded=padded)
     fits = col >= 0
     read = torch.where(fits, step.read_slots.to(torch.int64).gather(1, col.clamp(min=0)), -1)
     overflow = (is_committed.reshape(b, n * k) & ~fits).reshape(b * n, k)
@@ -180,18 +186,25 @@ class CommittedRows:
                                          committed.to(self.frontier.device, torch.int64))
 
     def admit(self, store, layer: int, reqs: torch.Tensor, committed: torch.Tensor, req_to_host: torch.Tensor,
-              max_rows: int) -> torch.Tensor:
+              max_rows: int, padded: bool = False) -> torch.Tensor:
         """Admit the final rows [frontier, committed) of each request (at most the newest
         `max_rows`) as its most recently used entries, oldest first. Returns rows admitted (int64
-        0-d on the device; no host read)."""
+        0-d on the device; no host read). `padded`: `reqs` may hold -1 for padded batch rows (a CUDA
+        graph's batch): they admit nothing and move no frontier."""
         dev = self.frontier.device
         reqs = reqs.to(dev, torch.int64)
         committed = committed.to(dev, torch.int64)
-        start = torch.maximum(self.frontier[layer].index_select(0, reqs), committed - max_rows)
+        idx = reqs.clamp(min=0) if padded else reqs
+        start = torch.maximum(self.frontier[layer].index_select(0, idx), committed - max_rows)
         pos = start[:, None] + torch.arange(max_rows, device=dev)
         pos = torch.where(pos < committed[:, None], pos, -1)
-        self.frontier[layer].index_copy_(0, reqs, torch.maximum(self.frontier[layer].index_select(0, reqs),
-                                                                 committed))
-        m = store.admit_from_host(layer, reqs, committed, pos, req_to_host)
+        if padded:
+            # padding rows add 0 under amax (a frontier is >= 0): row 0's frontier, live or not, stays;
+            # their positions reach admit_from_host, which gives a -1 row no slot and changes nothing
+            self.frontier[layer].scatter_reduce_(0, idx, torch.where(reqs >= 0, committed, 0), "amax")
+        else:
+            self.frontier[layer].index_copy_(0, reqs, torch.maximum(self.frontier[layer].index_select(0, reqs),
+                                                                     committed))
+        m = store.admit_from_host(layer, reqs, committed, pos, req_to_host, padded=padded)
         self._admitted += m
         return m

@@ -33,11 +33,12 @@ def scratch_rows_needed(n: int, topk: int, hot_slots: int) -> int:
 
 
 def slot_table(store, plan: UnionPlan, layer: int, reqs: torch.Tensor, committed: torch.Tensor,
-               topk: torch.Tensor, req_to_host: torch.Tensor) -> torch.Tensor:
+               topk: torch.Tensor, req_to_host: torch.Tensor, padded: bool = False) -> torch.Tensor:
     """int32 [b*n, k]: the row of `store.slot_rows` every entry of a landed `plan` reads (-1 for
     padding). topk int [b, n, k] positions as given to `plan_union`; reqs / committed int64 [b].
     Copies the window (and overflow) rows into the request's scratch rows first. Call after
-    `store.land(plan.step)`."""
+    `store.land(plan.step)`. `padded`: `reqs` may hold -1 for padded batch rows (a CUDA graph's
+    batch; `plan` planned with padded=True, so their entries are -1): they copy nothing."""
     b, n, k = topk.shape
     cfg, space = store.cfg, store.slots
     v = cfg.verify_rows_per_request
@@ -58,6 +59,9 @@ def slot_table(store, plan: UnionPlan, layer: int, reqs: torch.Tensor, committed
     j = torch.arange(n, device=dev)
     win_dst = (base[:, None] + j).reshape(-1)
     win_src = r2h[reqs[:, None], committed[:, None] + j].reshape(-1).to(torch.int64)
+    if padded:                     # a padding row's base would point below verify_base (the ring)
+        keep = (reqs >= 0)[:, None].expand(b, n).reshape(-1)
+        win_dst, win_src = torch.where(keep, win_dst, -1), torch.where(keep, win_src, -1)
     copy_rows(store.host.rows[layer], win_src, space.rows, win_dst, store.transfer_backend)
     slots = plan.read_slots.to(torch.int64).reshape(b, n, k)
     slots = torch.where(plan.window.reshape(b, n, k), base[:, None, None] + (pos - committed[:, None, None]), slots)

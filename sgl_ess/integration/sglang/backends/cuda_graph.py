@@ -17,6 +17,17 @@ every batch of its size:
   * host-side counts a replay cannot move (host writes, rows) are counted in the replay hook.
 Which forward batches are graph batches: the ones SGLang hands to ``init_forward_metadata_out_graph``
 with ``in_capture=True`` (its capture batches); every other batch takes the eager path.
+
+Which steps are captured (issue 35 item 3):
+  * target decode (no MTP, no TBO): captured and served (``StoreForward._decode_graph``);
+  * MTP TARGET_VERIFY (SGLang's decode graph runner with capture mode TARGET_VERIFY, bs requests x n
+    draft tokens): the capturable step is ``graph_verify`` below (padding requests -1 through the store's
+    admission, union plan and slot table, committed lengths from the device), checked against its eager
+    twin bit for bit (tests/integration/test_cuda_graph_verify_gpu_fake.py). NOT WIRED: the backend's
+    ``forward_extend`` still runs the eager verify for a graph batch (``StoreForward.verify`` does not call
+    ``graph_verify``), so the launcher still refuses MTP with --ess-cuda-graph;
+  * EAGLE draft decode steps, TBO micro-batches, speculative prefetch, a shared host pool, split fetch:
+    not captured (refused by the launcher and by ``EssPoolAdapter._check_graph_mode``).
 """
 
 from __future__ import annotations
@@ -38,6 +49,49 @@ def replay_rows(fb_view, pending: bool) -> tuple[int, int, list[int] | None]:
     size = int(fb_view.batch_size)
     n = size - int(getattr(fb_view, "num_padding", 0) or 0)
     return size, n, (fb_view.req_pool_indices[:n].tolist() if pending else None)
+
+
+def verify_graph_rows(forward_batch, n: int) -> torch.Tensor:
+    """int64 [bs]: a TARGET_VERIFY graph batch's request rows, -1 for SGLang's padding rows, on the device:
+    each request's n query tokens are n consecutive entries of ``out_cache_loc``, and a padding request's
+    first one is location 0 (padding.py's rule)."""
+    bs = forward_batch.req_pool_indices.shape[0]
+    first = forward_batch.out_cache_loc[:bs * n].view(bs, n)[:, 0]
+    return torch.where(first != 0, forward_batch.req_pool_indices.to(torch.int64), -1)
+
+
+def graph_verify(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor, sink=None) -> torch.Tensor:
+    """One layer of an EAGLE/MTP TARGET_VERIFY step inside a captured CUDA graph (the target runner's
+    graph of ``bs`` requests x n draft tokens, SGLang's decode graph runner with capture mode
+    TARGET_VERIFY): the store's union (``EssPoolAdapter.verify``) over the whole padded batch, padding
+    requests -1 (found on the device), read by slot by the kernels' ``verify_slots`` (SGLang's FlashMLA
+    decode over the slot table), the same launches whatever the batch holds. `fwd` is the backend's
+    store_forward.StoreForward; q [bs*n, H*D] absorbed queries; topk int [bs*n, k] positions. Returns
+    [bs*n, H*R]; the padding requests' tokens read no slot (their table rows are all -1), for which FlashMLA
+    returns zero (flashmla_lse.py). Everything the eager verify reads on the host
+    (SGLang's count of real tokens, the committed lengths from ``seq_lens_cpu``) is read on the device:
+    committed = ``seq_lens`` (TARGET_VERIFY's seq_lens are the committed lengths, query_layout.py)."""
+    from .query_layout import ROLE_TARGET, num_draft_tokens
+    from .store_forward import check_write_positions
+
+    b = fwd.backend
+    if b.spec_role != ROLE_TARGET or not forward_batch.forward_mode.is_target_verify():
+        raise RuntimeError("ESS CUDA graphs: graph_verify serves the target runner's TARGET_VERIFY step only")
+    by_slot = getattr(fwd.kernels, "verify_slots", None)
+    if by_slot is None:
+        raise RuntimeError("ESS CUDA graphs: a captured MTP verify reads the union by slot (kernels.verify_slots)")
+    n = num_draft_tokens(forward_batch)        # fixed per captured graph (SGLang's num_tokens_per_bs)
+    reqs = verify_graph_rows(forward_batch, n)
+    bs = reqs.shape[0]
+    committed = forward_batch.seq_lens[:bs].to(torch.int64)
+    if layer.layer_id == 0:
+        check_write_positions(forward_batch.out_cache_loc[:bs * n], reqs, committed, n, fwd.r2t,
+                              forward_batch.forward_mode.name, sync=False, padded=True)
+        fwd.ess.graphs.note_width(n)           # a replay writes n latent rows per real request
+    kw = {} if sink is None else {"sink": sink}
+    return fwd.ess.verify(layer.layer_id, reqs, committed, topk.reshape(bs, n, topk.shape[-1]), fwd.r2t, None,
+                          micro_batch=b.micro_batch_base,
+                          attend_slots=lambda rows, slots: by_slot(q, layer, rows, slots, **kw), padded=True)
 
 
 class GraphBatches:

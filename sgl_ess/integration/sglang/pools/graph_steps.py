@@ -22,12 +22,20 @@ class GraphSteps:
         self._size: int | None = None        # the size SGLang is capturing now
         self._open = None                    # (size, counts before the capture's run)
         self._per_size: dict[int, dict] = {}  # size -> what one replay of it counts
+        self._width = 1                      # query tokens per request of the step being captured
+        self._widths: dict[int, int] = {}    # size -> query tokens per request (MTP verify: draft tokens)
 
     def begin_capture(self, size: int) -> None:
         """SGLang starts the warm-ups and capture of one size."""
         self.captures += 1
         self._size = size
+        self._width = 1
         self.capturing = True
+
+    def note_width(self, n: int) -> None:
+        """The step being captured has `n` query tokens per request (an MTP verify: its draft tokens),
+        each writing one latent row: a replay of it writes n rows per real request."""
+        self._width = int(n)
 
     def before_capture(self, counts: dict) -> None:
         """After a warm-up (SGLang runs two): the capture's run may come next; `counts` now."""
@@ -42,7 +50,12 @@ class GraphSteps:
         size, before = self._open
         self._open = None
         self._per_size[size] = _minus(counts, before)
+        self._widths[size] = self._width
         return before
+
+    def width(self, size: int) -> int:
+        """Query tokens per request of the graph captured at `size` (1: a decode step)."""
+        return self._widths.get(size, 1)
 
     def replay(self, size: int, n_real: int) -> dict:
         """One replay of `size` rows, `n_real` of them real: the counts to add."""

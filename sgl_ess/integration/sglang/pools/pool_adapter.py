@@ -448,7 +448,7 @@ class EssPoolAdapter:
             self.store.graph_boundary()
             self._set_counts(plus(self._host_counts(), self.graphs.replay(size, n_real)))
         for layer in range(self.layers):
-            self.note_host_write(layer, n_real)
+            self.note_host_write(layer, n_real * self.graphs.width(size))   # MTP verify: n rows per request
 
     def end_capture(self) -> None:
         """An eager forward: any capture's run is over."""
@@ -464,6 +464,7 @@ class EssPoolAdapter:
     def _host_counts(self) -> dict:
         tiers = self.store.engine.tiers.data
         return {"plans_early": self.plans_early, "plans_late": self.plans_late,
+                "mtp_steps": getattr(self, "mtp_steps", 0),
                 "early_by_layer": dict(enumerate(self.plans_early_by_layer)),
                 "late_by_layer": dict(enumerate(self.plans_late_by_layer)),
                 "resolver_calls": self.store.resolver_calls,
@@ -471,6 +472,8 @@ class EssPoolAdapter:
 
     def _set_counts(self, c: dict) -> None:
         self.plans_early, self.plans_late = c["plans_early"], c["plans_late"]
+        if getattr(self, "_mtp_rows", None) is not None:
+            self.mtp_steps = c["mtp_steps"]
         self.plans_early_by_layer = [c["early_by_layer"][i] for i in range(self.layers)]
         self.plans_late_by_layer = [c["late_by_layer"][i] for i in range(self.layers)]
         self.store.resolver_calls = c["resolver_calls"]
@@ -517,34 +520,41 @@ class EssPoolAdapter:
                                          torch.tensor(committed, dtype=torch.int64))
 
     def admit_committed(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor, req_to_token: torch.Tensor,
-                        max_rows: int) -> torch.Tensor:
+                        max_rows: int, padded: bool = False) -> torch.Tensor:
         """Admit the rows that became final since each request's last step (accepted draft
-        tokens) as its most recently used entries. reqs/committed int64 [b]."""
+        tokens) as its most recently used entries. reqs/committed int64 [b] (`padded`: -1 rows
+        are SGLang's padding in a captured CUDA graph's batch and admit nothing)."""
         with self._lock:
-            return self._committed_rows().admit(self.store, layer, reqs, committed, req_to_token, max_rows)
+            return self._committed_rows().admit(self.store, layer, reqs, committed, req_to_token, max_rows,
+                                                padded=padded)
 
     def verify(self, layer: int, reqs: torch.Tensor, committed: torch.Tensor, topk: torch.Tensor,
-               req_to_token: torch.Tensor, attend_rows, micro_batch: int = 0, attend_slots=None) -> torch.Tensor:
+               req_to_token: torch.Tensor, attend_rows, micro_batch: int = 0, attend_slots=None,
+               padded: bool = False) -> torch.Tensor:
         """One layer of an MTP forward (TARGET_VERIFY, DRAFT_EXTEND_V2): the rows that became
         final since the last step are admitted, then the n top-k rows of each request resolve as
         one union set; window and overflow entries are read from the host pool.
         reqs/committed int64 [b]; topk int [b, n, k] positions;
         attend_rows(rows [b*n, k, kv_dim] cache dtype, valid bool [b*n, k]) -> out; or, given,
         attend_slots(slot_rows, slots int32 [b*n, k]) -> out: a kernel reading the slot space by slot
-        (window and overflow rows in its MTP scratch rows: store/verify_slots.py), no row copy."""
+        (window and overflow rows in its MTP scratch rows: store/verify_slots.py), no row copy.
+        `padded`: `reqs` holds -1 for SGLang's padding rows (a captured CUDA graph's batch, by slot
+        only): they touch nothing, and the last layer joins the side streams (store.graph_boundary)."""
         from sgl_ess.store.verify import gather_rows, plan_union
 
+        if padded and attend_slots is None:
+            raise RuntimeError("ESS: a captured MTP verify step reads its union by slot (attend_slots)")
         with self._lock:
             self._committed_rows()
-            self.admit_committed(layer, reqs, committed, req_to_token, topk.shape[1])
+            self.admit_committed(layer, reqs, committed, req_to_token, topk.shape[1], padded=padded)
             plan = plan_union(self.store, layer, reqs, committed, topk, req_to_token, micro_batch=micro_batch,
-                              validate=self.validate and layer == 0)
+                              validate=self.validate and layer == 0 and not padded, padded=padded)
             self.store.land(plan.step)
             if attend_slots is not None:
                 from sgl_ess.store.verify_slots import slot_table
 
                 out = attend_slots(self.store.slot_rows, slot_table(self.store, plan, layer, reqs, committed, topk,
-                                                                    req_to_token))
+                                                                    req_to_token, padded=padded))
             else:
                 rows, valid = gather_rows(self.store, plan, layer)
                 out = attend_rows(rows.view(self.dtype).view(rows.shape[0], rows.shape[1], self.kv_dim), valid)
@@ -552,6 +562,8 @@ class EssPoolAdapter:
             self.mtp_steps += 1
             self.mtp_window_entries += plan.window.sum()       # device counts: read by path_usage only
             self.mtp_overflow_entries += plan.overflow.sum()
+            if padded and layer == self.layers - 1:
+                self.store.graph_boundary()     # a captured step ends with its side-stream work joined
             return out
 
     def decode_committed(self, batch_key: int, layer: int, q3: torch.Tensor, reqs: torch.Tensor,

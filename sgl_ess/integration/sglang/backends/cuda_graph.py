@@ -26,8 +26,14 @@ Which steps are captured (issue 35 item 3):
     twin bit for bit (tests/integration/test_cuda_graph_verify_gpu_fake.py). NOT WIRED: the backend's
     ``forward_extend`` still runs the eager verify for a graph batch (``StoreForward.verify`` does not call
     ``graph_verify``), so the launcher still refuses MTP with --ess-cuda-graph;
-  * EAGLE draft decode steps, TBO micro-batches, speculative prefetch, a shared host pool, split fetch:
-    not captured (refused by the launcher and by ``EssPoolAdapter._check_graph_mode``).
+  * EAGLE draft decode steps (SGLang's draft graph runner: every step of the multi-step draft forward in one
+    graph): the capturable step is ``graph_draft`` below (``decode_committed`` with padding rows -1), checked
+    against its eager twin bit for bit (tests/integration/test_cuda_graph_draft_gpu_fake.py). NOT WIRED:
+    ``StoreForward._decode_graph`` refuses a draft step's graph batch, and SGLang's
+    ``DeepseekSparseAttnMultiStepBackend`` hands its step backends a DECODE view at capture (not the batch
+    the steps run with) and calls none of their hooks before a replay, so ESS's replay hook would not run;
+  * TBO micro-batches, speculative prefetch, a shared host pool, split fetch: not captured (refused by the
+    launcher and by ``EssPoolAdapter._check_graph_mode``).
 """
 
 from __future__ import annotations
@@ -92,6 +98,35 @@ def graph_verify(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor,
     return fwd.ess.verify(layer.layer_id, reqs, committed, topk.reshape(bs, n, topk.shape[-1]), fwd.r2t, None,
                           micro_batch=b.micro_batch_base,
                           attend_slots=lambda rows, slots: by_slot(q, layer, rows, slots, **kw), padded=True)
+
+
+def graph_draft(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor, sink=None) -> torch.Tensor:
+    """One layer of an EAGLE draft decode step (step ``speculative_step_id`` of the draft runner's multi-step
+    forward) inside a captured CUDA graph: the store's committed-rows decode (``EssPoolAdapter.decode_committed``:
+    accepted rows admitted, then planned and attended over the slot space; the step's own speculative row is
+    neither read nor admitted) over the whole padded batch, padding rows -1 (found on the device from this
+    step's ``out_cache_loc``), the same launches whatever the batch holds. `fwd` is the step backend's
+    StoreForward; q [bs, H*D]; topk int [bs, k] positions (< seq_lens, the committed lengths). Returns
+    [bs, H*R] in q's dtype; padding rows read no slot (planned padded), for which FlashMLA returns zero and a
+    DA / DBA merge of such parts gives zero (attention/overlap.py)."""
+    from .query_layout import ROLE_DRAFT_DECODE, num_draft_tokens
+    from .store_forward import check_write_positions
+
+    b = fwd.backend
+    if b.spec_role != ROLE_DRAFT_DECODE or not forward_batch.forward_mode.is_decode():
+        raise RuntimeError("ESS CUDA graphs: graph_draft serves the draft runner's DECODE steps only")
+    reqs = graph_rows(forward_batch)
+    bs = reqs.shape[0]
+    seq_lens = forward_batch.seq_lens[:bs]
+    if layer.layer_id == 0:         # step i writes its (speculative) row at position seq_len + i
+        check_write_positions(forward_batch.out_cache_loc[:bs], reqs, seq_lens + b.speculative_step_id, 1, fwd.r2t,
+                              "EAGLE draft decode step", sync=False, padded=True)
+    q3 = q.reshape(bs, layer.tp_q_head_num, fwd.kv_lora_rank + fwd.rope_dim)
+    out = fwd.ess.decode_committed(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk, fwd.r2t,
+                                   fwd.attend_slots(layer, sink), max_admit=num_draft_tokens(forward_batch),
+                                   micro_batch_base=b.micro_batch_base, single_call=fwd.kernels.single_call,
+                                   padded=True)
+    return out.to(q.dtype).reshape(bs, layer.tp_q_head_num * fwd.kv_lora_rank)
 
 
 class GraphBatches:

@@ -568,12 +568,15 @@ class EssPoolAdapter:
 
     def decode_committed(self, batch_key: int, layer: int, q3: torch.Tensor, reqs: torch.Tensor,
                          seq_lens: torch.Tensor, topk: torch.Tensor, req_to_token: torch.Tensor, attend,
-                         max_admit: int, micro_batch_base: int = 0, single_call: bool = False) -> torch.Tensor:
+                         max_admit: int, micro_batch_base: int = 0, single_call: bool = False,
+                         padded: bool = False) -> torch.Tensor:
         """A decode step that reads only final rows (positions < seq_lens): an EAGLE draft step,
         whose own newest row is speculative and is neither read nor admitted. q3 [b, H, D];
         topk int [b, k] (< seq_lens); returns out float [b, H, R]. `single_call` as in `decode`.
         An early plan of this batch (an indexer hook that did not ask accepts_early_plans) has
-        already reserved the speculative row's slot: refused, as reading it would read an empty row."""
+        already reserved the speculative row's slot: refused, as reading it would read an empty row.
+        `padded`: `reqs` holds -1 for SGLang's padding rows (a captured CUDA graph's batch): they touch
+        nothing, and the last layer joins the side streams (store.graph_boundary)."""
         mode = "none" if single_call else self.mode(layer)
         with self._lock:
             early = self._early.get(layer)
@@ -586,11 +589,15 @@ class EssPoolAdapter:
             if early is not None:
                 self._discard_early(layer)         # an abandoned forward's plans: land and commit them
             self._committed_rows()
-            self.admit_committed(layer, reqs, seq_lens, req_to_token, max_admit)
+            self.admit_committed(layer, reqs, seq_lens, req_to_token, max_admit, padded=padded)
             plans = plan_layer(self.store, mode, layer, reqs, seq_lens, topk, req_to_token,
-                               validate=self.validate and layer == 0, micro_batch_base=micro_batch_base)
+                               validate=self.validate and layer == 0 and not padded,
+                               micro_batch_base=micro_batch_base, padded=padded)
             self.plans_late += len(plans)
-            return decode_layer(self.store, mode, q3, plans, attend, static_width=self.static_width)
+            out = decode_layer(self.store, mode, q3, plans, attend, static_width=self.static_width)
+            if padded and layer == self.layers - 1:
+                self.store.graph_boundary()     # a captured step ends with its side-stream work joined
+            return out
 
     def note_host_write(self, layer: int, rows: int) -> None:
         """SGLang's writer stored `rows` new latent rows of `layer` straight into the host pool (on

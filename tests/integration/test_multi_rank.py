@@ -24,15 +24,20 @@ import pytest
 
 from ._server import ess_live_zero, group_processes, start_together
 from .conftest import _need_sglang, _start
-from .test_gpu_fake_server import GPU_FAKE_ENV
+from .test_gpu_fake_server import FP8_ROW_BYTES, GPU_FAKE_H200_ENV, H200_ARGS, REFERENCE_ENV
 
 # GPU fake (tests/gpu_fake_site): every rank runs ESS's CUDA subclass of SGLang's DSA backend and the
-# side-stream engine, with only FlashMLA, the FP8 quantizer and the stream runtime swapped
-# ESS unsplit (--ess-prefetch-overlap-level none): the tokens are compared bit for bit with ESS off, and
-# at the default da a step whose misses are in flight merges two FlashMLA calls' BF16 outputs by their
-# LSE, one more BF16 rounding than one call (docs/design.md; test_gpu_fake_server.py, test_mixed_chunk.py)
-GPU_FAKE_ARGS = ["--attention-backend", "dsa", "--dsa-decode-backend", "flashmla_sparse",
-                 "--ess-prefetch-overlap-level", "none"]
+# side-stream engine, with only the device kernels and the stream runtime swapped, in an H200's default
+# configuration (test_gpu_fake_server.H200_ARGS: FP8 656-byte rows, flashmla_kv, SGLang's own prefill
+# pick, the V3.2-latent tiny model). ESS unsplit (--ess-prefetch-overlap-level none): the tokens are
+# compared bit for bit with ESS off, and at the default da a step whose misses are in flight merges two
+# FlashMLA calls' BF16 outputs by their LSE, one more BF16 rounding than one call (docs/design.md;
+# test_gpu_fake_server.py, test_mixed_chunk.py)
+GPU_FAKE_ARGS = H200_ARGS + ["--ess-prefetch-overlap-level", "none"]
+# its reference: the same fake, model and ranks with ESS off (SGLang's own DSA backend over the same FP8
+# rows, no dense MHA one-shot: test_gpu_fake_server.REFERENCE_ENV)
+GPU_FAKE_OFF_ARGS = H200_ARGS + ["--ess-enabled", "false"]
+DSA_PICK = "Set DSA backends for fp8_e4m3 KV Cache: prefill=flashmla_kv, decode=flashmla_kv"
 
 pytestmark = pytest.mark.integration
 
@@ -68,12 +73,15 @@ def _wait_live_zero(srv, timeout_s=60):
 def dp_results():
     out = {}
     for name, extra, env in (("on", [], None), ("off", ["--ess-enabled", "false"], None),
-                             ("gpu_fake", GPU_FAKE_ARGS, GPU_FAKE_ENV)):
+                             ("gpu_fake", GPU_FAKE_ARGS, GPU_FAKE_H200_ENV),
+                             ("gpu_fake_off", GPU_FAKE_OFF_ARGS, REFERENCE_ENV)):
         srv = _start(f"dp_attn_{name}", DP_ARGS + extra, env)
         try:
             out[name + "_seq"] = [srv.generate(p, 24) for p in _prompts()]
-            if name == "gpu_fake":                 # one-at-a-time equality and release through the CUDA class
-                out["gpu_fake_usage"] = _wait_live_zero(srv)
+            if name.startswith("gpu_fake"):        # one-at-a-time equality and release through the CUDA class
+                if name == "gpu_fake":
+                    out["gpu_fake_usage"] = _wait_live_zero(srv)
+                out[name + "_log"] = srv.log_tail(100000)
                 continue
             out[name] = _run_concurrently(srv)
             if name == "split":
@@ -103,11 +111,16 @@ def test_dp_attention_ess_on_gives_ess_off_tokens_and_logprobs_one_at_a_time(dp_
 
 
 def test_gpu_fake_dp_attention_through_the_cuda_class_gives_ess_off_tokens(dp_results):
-    """DP attention as a GPU fake: each DP rank runs the CUDA class and its own store; the idle rank's
-    fabricated extend and the padded batches never reach it (padding.py, in the shared lifecycle)."""
-    assert _tokens(dp_results["gpu_fake_seq"]) == _tokens(dp_results["off_seq"])
-    assert _logprobs(dp_results["gpu_fake_seq"]) == _logprobs(dp_results["off_seq"])
-    assert all(s["prefetch"]["engine"] == "stream" for s in dp_results["gpu_fake_usage"])
+    """DP attention as a GPU fake in an H200's default configuration: each DP rank runs the CUDA class and
+    its own store over FP8 rows; the idle rank's fabricated extend and the padded batches never reach it
+    (padding.py, in the shared lifecycle). Compared with the same fake with ESS off."""
+    assert _tokens(dp_results["gpu_fake_seq"]) == _tokens(dp_results["gpu_fake_off_seq"])
+    assert _logprobs(dp_results["gpu_fake_seq"]) == _logprobs(dp_results["gpu_fake_off_seq"])
+    scheds = dp_results["gpu_fake_usage"]
+    assert all(s["prefetch"]["engine"] == "stream" for s in scheds)
+    assert all(s["bytes_h2d"] == s["rows_h2d"] * FP8_ROW_BYTES for s in scheds), scheds   # FlashMLA's FP8 rows
+    for name in ("gpu_fake_log", "gpu_fake_off_log"):
+        assert DSA_PICK in dp_results[name] and "Traceback" not in dp_results[name], name
 
 
 def test_dp_attention_concurrent_clients_all_complete_on_both(dp_results):
@@ -158,20 +171,24 @@ def tp_results():
              "split": (TP_ARGS + ["--ess-tp-split-fetch", "true"], {"SGLESS_SHARED_POOL_READONLY": "1"}),
              # what a CUDA node passes to share its pool (auto keeps one per rank there)
              "gpu_fake": (TP_ARGS + GPU_FAKE_ARGS + ["--ess-share-host-pool", "on"],
-                          {"SGLESS_SHARED_POOL_READONLY": "1", **GPU_FAKE_ENV}),
+                          {"SGLESS_SHARED_POOL_READONLY": "1", **GPU_FAKE_H200_ENV}),
+             "gpu_fake_off": (TP_ARGS + GPU_FAKE_OFF_ARGS, REFERENCE_ENV),        # its reference
              # the same model on one rank (issue 17 item 4): the embedded model's init is TP-consistent
              "tp1_off": ([a for a in TP_ARGS if a not in ("--tp", "2")] + ["--ess-enabled", "false"], {})}
-    # the five start together (_server.start_together) and are then used one at a time, each stopped after use
+    # the six start together (_server.start_together) and are then used one at a time, each stopped after use
     servers = start_together({(k if k.startswith("tp1") else "tp2_" + k): v for k, v in specs.items()})
     try:
-        for name in ("on", "off", "split", "gpu_fake"):
+        for name in ("on", "off", "split", "gpu_fake", "gpu_fake_off"):
             srv = servers["tp2_" + name]
             try:
                 out[name + "_seq"] = [srv.generate(p, 24) for p in _prompts()]
+                if name == "gpu_fake_off":
+                    out["gpu_fake_off_log"] = srv.log_tail(100000)
+                    continue
                 if name == "gpu_fake":
                     out["gpu_fake_status"] = srv.get("/ess/status")
                     out["gpu_fake_usage"] = _wait_live_zero_one(srv)
-                    out["gpu_fake_log"] = srv.log_tail(4000)
+                    out["gpu_fake_log"] = srv.log_tail(100000)
                     continue
                 out[name] = _run_concurrently(srv)
                 if name == "split":
@@ -215,12 +232,16 @@ def test_gpu_fake_tp2_through_the_cuda_class_gives_ess_off_tokens_with_one_write
     reader mapping it read-only (a write by it would fault: the CUDA class writes through the
     same StoreForward.save as the CPU backend, so only the owner writes), ordered as on CUDA by the
     count the owner's compute stream writes and the reader's compute stream waits for (the stream
-    runtime's double; --ess-share-host-pool on); ESS off's tokens and log-probs, one request at a
-    time; every rank's live rows back to zero without a flush."""
-    assert _tokens(tp_results["gpu_fake_seq"]) == _tokens(tp_results["off_seq"])
-    assert _logprobs(tp_results["gpu_fake_seq"]) == _logprobs(tp_results["off_seq"])
+    runtime's double; --ess-share-host-pool on), in an H200's default configuration (FP8 656-byte
+    rows, flashmla_kv); the tokens and log-probs of the same fake and ranks with ESS off, one request
+    at a time; every rank's live rows back to zero without a flush."""
+    assert _tokens(tp_results["gpu_fake_seq"]) == _tokens(tp_results["gpu_fake_off_seq"])
+    assert _logprobs(tp_results["gpu_fake_seq"]) == _logprobs(tp_results["gpu_fake_off_seq"])
+    for name in ("gpu_fake_log", "gpu_fake_off_log"):
+        assert DSA_PICK in tp_results[name] and "Traceback" not in tp_results[name], name
     s = tp_results["gpu_fake_status"]["schedulers"][0]
     assert s["prefetch"]["engine"] == "stream", s["prefetch"]
+    assert s["bytes_h2d"] == s["rows_h2d"] * FP8_ROW_BYTES, s            # FlashMLA's FP8 rows moved
     assert [r["host_pool_role"] for r in s["ranks"]] == ["writer", "reader"]
     assert [r["host_pool_order"] for r in s["ranks"]] == ["stream", "stream"]
     assert len({r["host_pool_inode"] for r in s["ranks"]}) == 1

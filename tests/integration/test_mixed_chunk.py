@@ -50,7 +50,8 @@ def _batches(server):
 
 
 def _use(srv, name):
-    """(tokens, the prefill batches this run formed, ESS usage) of one run on a healthy server, stopped after."""
+    """(tokens, the prefill batches this run formed, ESS usage, log) of one run on a healthy server, stopped
+    after."""
     try:
         before = len(_batches(srv))
         out = _run(srv)

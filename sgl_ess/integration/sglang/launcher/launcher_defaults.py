@@ -190,7 +190,8 @@ def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
     SGLang modes whose graphs ESS does not capture."""
     why = []
     if flag_value(argv, "--speculative-algorithm") not in (None, "", "NONE", "none"):
-        why.append("MTP (--speculative-algorithm): the draft and verify steps are not captured with ESS")
+        why.append("MTP (--speculative-algorithm): ESS's verify and draft steps are capturable (cuda_graph.graph_verify, "
+                   "graph_draft) but not yet wired into the backend's graph forwards")
     if has_flag(argv, "--enable-two-batch-overlap"):
         why.append("--enable-two-batch-overlap: TBO children are not captured with ESS")
     if has_flag(argv, "--debug-cuda-graph"):

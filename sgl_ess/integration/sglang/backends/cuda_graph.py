@@ -32,8 +32,8 @@ Which steps are captured (issue 35 item 3):
     ``StoreForward._decode_graph`` refuses a draft step's graph batch, and SGLang's
     ``DeepseekSparseAttnMultiStepBackend`` hands its step backends a DECODE view at capture (not the batch
     the steps run with) and calls none of their hooks before a replay, so ESS's replay hook would not run;
-  * TBO micro-batches, speculative prefetch, a shared host pool, split fetch: not captured (refused by the
-    launcher and by ``EssPoolAdapter._check_graph_mode``).
+  * TBO micro-batches, speculative prefetch, a shared host pool, split fetch, DRAFT_EXTEND_V2: not captured
+    (refused by the launcher; the store options again by ``EssPoolAdapter._check_graph_mode``).
 """
 
 from __future__ import annotations

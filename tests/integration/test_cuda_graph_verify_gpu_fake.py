@@ -247,3 +247,23 @@ def test_gpu_fake_the_eager_verify_path_is_refused_by_a_capture(mtp_fakes):
                                        topk_indices=step.topk[li]) for li in range(LAYERS)]
     with pytest.raises(GraphCaptureError, match="host value|host read"):
         step.capture(Graph(rt), forward=eager)
+
+
+def test_gpu_fake_a_replay_whose_window_locations_are_out_of_step_asserts_on_the_device(mtp_fakes):
+    """The captured step checks, on the device (no host read), that the locations SGLang writes are those of
+    each request's window positions; padding requests are not checked. Here one request's locations are
+    shifted by one: the replay's device-side assertion fires (on CPU, at once)."""
+    backend, runner, rt = mtp_fakes()
+    _prefill(backend, runner, [1, 2], [120, 80], torch.Generator().manual_seed(56))
+    step = CapturedVerify(backend, runner)
+    graph = Graph(rt)
+    step.capture(graph)
+    gen = torch.Generator().manual_seed(57)
+    qpos = [c + j for c in (120, 80) for j in range(NDRAFT)]
+    q, topk = [fr.query(gen, len(qpos)) for _ in range(LAYERS)], [fr.causal_topk(gen, qpos) for _ in range(LAYERS)]
+    step.load([1, 2], [120, 80], q, topk, gen)
+    graph.replay()                                       # in step: no assertion
+    step.load([1, 2], [120, 80], q, topk, gen)
+    step.out_cache_loc[NDRAFT:2 * NDRAFT] += 1           # request 2's window one location off
+    with pytest.raises(RuntimeError, match="out of step"):
+        graph.replay()

@@ -57,6 +57,18 @@ def replay_rows(fb_view, pending: bool) -> tuple[int, int, list[int] | None]:
     return size, n, (fb_view.req_pool_indices[:n].tolist() if pending else None)
 
 
+def assert_write_positions(loc: torch.Tensor, reqs: torch.Tensor, first_pos: torch.Tensor, n: int,
+                           req_to_token: torch.Tensor, what: str) -> None:
+    """A graph step's device-side form of store_forward.check_write_positions (padded, no host read; that
+    module imports this one): the locations a step writes, loc [b*n], are those of positions first_pos ..
+    first_pos + n - 1 of its requests (-1: padding, not checked), else a CUDA device-side assert."""
+    pos = first_pos.to(torch.int64).reshape(-1, 1) + torch.arange(n, device=first_pos.device)
+    expect = req_to_token[reqs.reshape(-1, 1).clamp(min=0), pos.clamp(min=0)].reshape(-1).to(torch.int64)
+    same = (loc.reshape(-1).to(torch.int64) == expect) | (reqs.reshape(-1, 1) < 0).expand(-1, n).reshape(-1)
+    torch._assert_async(torch.all(same), f"ESS {what}: the tokens being computed and the cache indices the store "
+                        "reads are out of step; refusing to read the wrong rows")
+
+
 def verify_graph_rows(forward_batch, n: int) -> torch.Tensor:
     """int64 [bs]: a TARGET_VERIFY graph batch's request rows, -1 for SGLang's padding rows, on the device:
     each request's n query tokens are n consecutive entries of ``out_cache_loc``, and a padding request's
@@ -78,7 +90,6 @@ def graph_verify(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor,
     (SGLang's count of real tokens, the committed lengths from ``seq_lens_cpu``) is read on the device:
     committed = ``seq_lens`` (TARGET_VERIFY's seq_lens are the committed lengths, query_layout.py)."""
     from .query_layout import ROLE_TARGET, num_draft_tokens
-    from .store_forward import check_write_positions
 
     b = fwd.backend
     if b.spec_role != ROLE_TARGET or not forward_batch.forward_mode.is_target_verify():
@@ -91,8 +102,8 @@ def graph_verify(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor,
     bs = reqs.shape[0]
     committed = forward_batch.seq_lens[:bs].to(torch.int64)
     if layer.layer_id == 0:
-        check_write_positions(forward_batch.out_cache_loc[:bs * n], reqs, committed, n, fwd.r2t,
-                              forward_batch.forward_mode.name, sync=False, padded=True)
+        assert_write_positions(forward_batch.out_cache_loc[:bs * n], reqs, committed, n, fwd.r2t,
+                               forward_batch.forward_mode.name)
         fwd.ess.graphs.note_width(n)           # a replay writes n latent rows per real request
     kw = {} if sink is None else {"sink": sink}
     return fwd.ess.verify(layer.layer_id, reqs, committed, topk.reshape(bs, n, topk.shape[-1]), fwd.r2t, None,
@@ -110,7 +121,6 @@ def graph_draft(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor, 
     [bs, H*R] in q's dtype; padding rows read no slot (planned padded), for which FlashMLA returns zero and a
     DA / DBA merge of such parts gives zero (attention/overlap.py)."""
     from .query_layout import ROLE_DRAFT_DECODE, num_draft_tokens
-    from .store_forward import check_write_positions
 
     b = fwd.backend
     if b.spec_role != ROLE_DRAFT_DECODE or not forward_batch.forward_mode.is_decode():
@@ -119,8 +129,8 @@ def graph_draft(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor, 
     bs = reqs.shape[0]
     seq_lens = forward_batch.seq_lens[:bs]
     if layer.layer_id == 0:         # step i writes its (speculative) row at position seq_len + i
-        check_write_positions(forward_batch.out_cache_loc[:bs], reqs, seq_lens + b.speculative_step_id, 1, fwd.r2t,
-                              "EAGLE draft decode step", sync=False, padded=True)
+        assert_write_positions(forward_batch.out_cache_loc[:bs], reqs, seq_lens + b.speculative_step_id, 1, fwd.r2t,
+                               "EAGLE draft decode step")
     q3 = q.reshape(bs, layer.tp_q_head_num, fwd.kv_lora_rank + fwd.rope_dim)
     out = fwd.ess.decode_committed(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk, fwd.r2t,
                                    fwd.attend_slots(layer, sink), max_admit=num_draft_tokens(forward_batch),

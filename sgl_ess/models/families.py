@@ -87,8 +87,10 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "level: the same bytes read as the per-layer design. With speculative decoding "
                 "(--speculative-algorithm) the store keeps one LRU per layer instead, the shared-index layers "
                 "planned inside their own attention (exact, not hidden behind compute): through the CUDA class in "
-                "the GPU fake with EAGLE's args, decode outputs equal to the grouped store's (not run at server "
-                "level with MTP); --ess-explain sizes the store by the same rule"),
+                "the GPU fake with EAGLE's args, decode outputs equal to the grouped store's; at server level with "
+                "its MTP layer (tiny_glm52's NextN, EAGLE) on the CPU ESS on == off (tokens, log-probs, accepted "
+                "drafts), the start-up warning logged: tests/integration/test_glm52_mtp.py; --ess-explain sizes the "
+                "store by the same rule"),
     ModelFamily(
         "Hunyuan V4", ("HYV4ForCausalLM",), ("HYV4ForCausalLMNextN",), "hunyuan_v4.py",
         adds=frozenset({SINKS, SHARED_TOPK}), ess_implements=frozenset({SINKS, SHARED_TOPK}),
@@ -100,7 +102,10 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "Server-level ESS on == off (tokens equal, log-probs within 2 fp32 ulps: its fp32 lm_head), its "
                 "shared-index layer in its anchor's group: tests/integration/test_hyv4_exactness.py. With "
                 "--speculative-algorithm each layer keeps its own LRU, the shared layer planned inside attention "
-                "(the pool adapter's rule, checked on GLM-5.2; --ess-explain and the sim size it so)"),
+                "(--ess-explain and the sim size it so); with its MTP layer (HYV4's NextN, EAGLE) on the CPU ESS "
+                "on == off at server level (tokens, log-probs within 2 fp32 ulps, speculation counters; every "
+                "token after the first from a verify step, with the sinks; the random draft is never accepted: "
+                "ESS shapes only DeepSeek-V3 NextN subclasses' MTP layer): tests/integration/test_hyv4_mtp.py"),
     ModelFamily(
         "LongCat-Flash (sparse attention)", ("LongcatFlashForCausalLM",), ("LongcatFlashForCausalLMNextN",),
         "longcat_flash.py", adds=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}),

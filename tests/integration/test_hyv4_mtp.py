@@ -7,12 +7,12 @@ without a flush. Every token after the first comes out of a verify step, so the 
 (each layer's union of draft top-k sets, its misses read from the host; the kernel's sink math against the
 model's definition: tests/unit/attention/test_sinks.py), and the draft's own layer has one too.
 
-The random draft is never accepted here: the launcher shapes the embedded MTP layer (sgl_ess/models/
-mtp_init.py) in a hook on DeepseekV3ForCausalLMNextN.post_load_weights (targets.NEXTN_POST_LOAD), and
-HYV4ForCausalLMNextN has its own (sglang/srt/models/hunyuan_v4_nextn.py), so equal speculation counters
-are all-rejected ones; accepted drafts are checked on GLM (test_glm52_mtp, test_glm5_mtp). With
---speculative-algorithm the store keeps one LRU per layer and the log says so at start. One pair of servers,
-started together."""
+The launcher shapes the embedded MTP layer (sgl_ess/models/mtp_init.py) through a hook on
+HYV4ForCausalLMNextN.post_load_weights too (targets.HYV4_NEXTN_POST_LOAD: that class has its own, which does
+not reach DeepseekV3ForCausalLMNextN's), but on tiny_hyv4 the shaped draft is still never accepted (accept
+rate 0.00 in the log, run here at 07:09), so the equal speculation counters are all-rejected ones; accepted
+drafts are compared on GLM (test_glm52_mtp, test_glm5_mtp). With --speculative-algorithm the store keeps one LRU per layer and the log says so at
+start. One pair of servers, started together."""
 
 import numpy as np
 import pytest

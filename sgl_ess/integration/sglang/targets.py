@@ -42,6 +42,7 @@ GET_LAST_LOC = "sglang.srt.mem_cache.allocation.get_last_loc"
 DSA_POOL_CPU_COPY = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.get_cpu_copy"
 DSA_POOL_LOAD_CPU_COPY = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.load_cpu_copy"
 NEXTN_POST_LOAD = "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN.post_load_weights"
+HYV4_NEXTN_POST_LOAD = "sglang.srt.models.hunyuan_v4_nextn.HYV4ForCausalLMNextN.post_load_weights"
 SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 SCHEDULER_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 SCHEDULER_PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
@@ -110,6 +111,8 @@ PATCHED = {
     DSA_POOL_LOAD_CPU_COPY: "AROUND (no CUDA): its restore when the retracted request resumes; the same",
     NEXTN_POST_LOAD: "BEFORE: with SGLESS_DUMMY_INIT=scaled, shape the embedded model's random MTP layer "
                      "(sgl_ess/models/mtp_init.py) so drafts are sometimes accepted",
+    HYV4_NEXTN_POST_LOAD: "BEFORE: the same for Hunyuan V4's MTP layer (its own post_load_weights, which does not "
+                          "reach DeepseekV3ForCausalLMNextN's)",
     STOP_STR_CHECK: "AROUND (launcher-started processes): stop_regex searched with RE2, or Python re under a "
                     "deadline, within --guard-pattern-budget-ms per request and step (observe/pattern_eval.py)",
     GRAMMAR_COMPILE: "AFTER (launcher-started processes): a compiled grammar whose start allows no token becomes "

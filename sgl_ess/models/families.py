@@ -104,16 +104,17 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "--speculative-algorithm each layer keeps its own LRU, the shared layer planned inside attention "
                 "(--ess-explain and the sim size it so); with its MTP layer (HYV4's NextN, EAGLE) on the CPU ESS "
                 "on == off at server level (tokens, log-probs within 2 fp32 ulps, speculation counters; every "
-                "token after the first from a verify step, with the sinks; the random draft is never accepted: "
-                "ESS shapes only DeepSeek-V3 NextN subclasses' MTP layer): tests/integration/test_hyv4_mtp.py"),
+                "token after the first from a verify step, with the sinks; the shaped draft is still never "
+                "accepted on tiny_hyv4, so rejected drafts only): tests/integration/test_hyv4_mtp.py"),
     ModelFamily(
         "LongCat-Flash (sparse attention)", ("LongcatFlashForCausalLM",), ("LongcatFlashForCausalLMNextN",),
         "longcat_flash.py", adds=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}),
         ess_implements=frozenset({TWO_ATTENTION_SUBLAYERS, SHARED_TOPK}), attention_sublayers=2,
         checked="embedded tiny_longcat (2 decoder layers = 4 latent layers, cli_factor 2, zero experts off: "
                 "SGLang's zero-expert kernel is Triton, not on CPU): ESS on == off at server level; sizing "
-                "counts 2 x num_hidden_layers latent layers. Its shared top-k layers (cli_factor) are served "
-                "with the fetch planned late, inside attention (exact)"),
+                "counts 2 x num_hidden_layers latent layers. Its shared top-k layers (cli_factor, over the "
+                "attention layer ids) are planned at their anchor with one LRU per group, as GLM-5.2's: "
+                "tests/integration/test_longcat_exactness.py"),
     ModelFamily(
         "dots.note (Dots3)", ("Dots3NoteForCausalLM",), ("Dots3NoteForCausalLMNextN",), "dots3.py",
         adds=frozenset({SLIDING_WINDOW}),

@@ -6,8 +6,9 @@ contexts several times the hot buffer, live host rows and hot buffers back to ze
 
 The host pool is sized from a GB budget for 4 latent layers: a launcher that counted num_hidden_layers
 (2) would plan twice the tokens, and the pool SGLang builds (4 layers) would not match the plan.
-The shared top-k layers are served by today's late-plan path (their fetch planned inside attention).
-One pair of servers for the module, started together."""
+The shared top-k layers (cli_factor 2: attention layers 1 and 3, by the ids SGLang gives the indexer,
+2 x decoder layer + sub-layer) are planned at their anchor (0 and 2) with one LRU per group, as GLM-5.2's
+(pools/pool_adapter.layer_anchors). One pair of servers for the module, started together."""
 
 import pytest
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.integration
 TINY_LONGCAT_DIR = families.__file__.rsplit("/", 1)[0] + "/tiny_longcat"
 DECODER_LAYERS = 2                        # tiny_longcat: num_hidden_layers
 LAYERS, ROW_BYTES = 2 * DECODER_LAYERS, (64 + 16) * 2     # two attention sub-layers each; (kv_lora_rank + rope) x bf16
+ANCHORS, SHARED = (0, 2), (1, 3)          # cli_factor 2 over the attention layer ids
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +50,21 @@ def test_longcat_ess_on_equals_off(longcat):
             assert [lp for _, lp in a] == [lp for _, lp in b], f"{when} batch, request {i}: log-probs differ"
     assert len({t for t, _ in on["first"][0]}) > 4            # not a degenerate repetition
     assert "Traceback" not in on["log"] and "Traceback" not in off["log"]
-    # the launcher said the shared top-k layers keep their own LRU and plan late (model_support.check)
-    assert ("LongcatFlashForCausalLM: shared top-k layers with 2 attention sub-layers per decoder layer keep their "
-            "own LRU; ESS plans their fetch inside attention (late: not hidden behind compute)") in on["log"]
+
+
+def test_longcat_shared_layers_planned_at_their_anchor(longcat):
+    """cli_factor 2: attention layers 1 and 3 reuse the top-k of 0 and 2; each pair is one group, resolved
+    once per step at its anchor, the shared layer's fetch planned there (never inside its attention)."""
+    u = longcat["on"]["usage"]
+    early, late = u["plans_early_by_layer"], u["plans_late_by_layer"]
+    assert len(early) == LAYERS and len(late) == LAYERS, u
+    for layer in SHARED:
+        assert late[layer] == 0 and early[layer] > 0, (layer, early, late)
+    assert u["resolver_calls"] == sum(early[a] + late[a] for a in ANCHORS), u
+    assert all(early[a + 1] == early[a] + late[a] for a in ANCHORS), (early, late)
+    hits, misses = u["hits_per_layer"], u["misses_per_layer"]
+    assert all(hits[a] == hits[a + 1] and misses[a] == misses[a + 1] for a in ANCHORS), (hits, misses)
+    assert sum(misses) > 0, misses
 
 
 def test_longcat_live_rows_back_to_zero_without_a_flush(longcat):

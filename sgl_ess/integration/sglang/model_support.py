@@ -49,12 +49,7 @@ def check(cfg) -> None:
     if text:
         raise PreflightError(text)
     fam = family_of(facts.architecture)
-    if SHARED_TOPK in facts.adds and fam is not None and fam.attention_sublayers > 1:
-        # pools/pool_adapter.layer_anchors: the pool's latent layers are not the decoder's layers
-        logger.warning("%s: shared top-k layers with %d attention sub-layers per decoder layer keep their own LRU; "
-                       "ESS plans their fetch inside attention (late: not hidden behind compute)",
-                       facts.architecture, fam.attention_sublayers)
-    elif SHARED_TOPK in facts.adds:
+    if SHARED_TOPK in facts.adds:
         logger.info("%s: shared-index layers (reusing the previous layer's top-k): ESS resolves each group's LRU "
                     "once per step at its anchor layer and plans every layer's fetch there (with "
                     "--speculative-algorithm each layer keeps its own LRU instead: pools/pool_adapter.store_anchors)",

@@ -57,6 +57,8 @@ def real_config(model: str) -> dict:
     for key in ("layer_types", "mlp_layer_types"):   # per-layer lists (Hunyuan V4): the real layer count
         if key in cfg:
             out[key] = [cfg[key][0] if i < m.num_dense_layers else cfg[key][-1] for i in range(m.num_layers)]
+    if "cli_factor" in cfg:                      # LongCat: the simulator's model runs an indexer in every layer
+        out["cli_factor"] = real.get("cli_factor", 1)
     if "indexer_types" in cfg:
         out["indexer_types"] = ["full" if m.is_anchor(i) else "shared" for i in range(m.num_layers)]
     return out

@@ -76,12 +76,17 @@ def store_config(cfg: EssConfig, layers: int, row_bytes: int, topk: int, request
 
 def layer_anchors(hf_config, layers: int) -> tuple:
     """Per latent layer, the layer whose top-k it uses (StoreConfig.layer_anchors), read with SGLang's
-    dsa_layer_skips_topk (indexer_types "shared", index_topk_freq, cli_factor); () when every layer has its
-    indexer, or the pool's layers are not the model's decoder layers (an MTP draft's NextN layer; LongCat's
-    two attention sub-layers per decoder layer: its shared top-k layers keep their own LRU, planned late)."""
+    dsa_layer_skips_topk (indexer_types "shared", index_topk_freq, cli_factor) over the attention layer ids
+    SGLang gives the indexer (LongCat-Flash: 2 x decoder layer + sub-layer, longcat_flash.py, the same ids
+    the pool's layers have); () when every layer has its indexer, or the pool's layers are not the model's
+    attention layers (an MTP draft's NextN layer)."""
     from sglang.srt.configs.model_config import dsa_layer_skips_topk, is_deepseek_dsa
 
-    if not is_deepseek_dsa(hf_config) or int(getattr(hf_config, "num_hidden_layers", -1)) != layers:
+    from sgl_ess.models.families import attention_layers
+
+    arch = (list(getattr(hf_config, "architectures", None) or []) or [""])[0]
+    decoder_layers = int(getattr(hf_config, "num_hidden_layers", -1))
+    if not is_deepseek_dsa(hf_config) or attention_layers(arch, decoder_layers) != layers:
         return ()
     out: list[int] = []
     for i in range(layers):

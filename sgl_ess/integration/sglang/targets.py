@@ -50,6 +50,9 @@ BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe
 STOP_STR_CHECK = "sglang.srt.managers.schedule_batch.Req._check_str_based_finish"
 GRAMMAR_COMPILE = "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend._init_value_dispatch"
 
+# DeepSeek-V4 on CPU with ESS off (dsv4/): stand-ins for CUDA-only calls, installed only without CUDA
+DSV4_GET_ROPE_WRAPPER = "sglang.srt.models.deepseek_v4.get_rope_wrapper"
+
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
 # versions in backends/eagle_cpu_kernels.py. The names exist only in CPU-engine processes (SGLANG_USE_CPU_ENGINE=1,
 # set by the launcher without CUDA), so they are checked by tests/integration/test_spec_cpu_ops.py,
@@ -115,6 +118,8 @@ PATCHED = {
     GRAMMAR_COMPILE: "AFTER (launcher-started processes): a compiled grammar whose start allows no token becomes "
                      "SGLang's InvalidGrammarObject (a 400, not a 500 at the first step; observe/grammar_check.py)",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
+    DSV4_GET_ROPE_WRAPPER: "AROUND (no CUDA): a V4 window-only layer's rotary_emb (unused off NPU) without "
+                           "rope_scaling gets SGLang's plain get_rope, not get_rope_cpu's assert (dsv4/rope_table.py)",
 }
 
 SEAMS = {

@@ -1,0 +1,18 @@
+"""DeepSeek-V4 (``DeepseekV4ForCausalLM``) on CPU with ESS off: stand-ins for SGLang's CUDA-only calls
+on one V4 layer's path (docs/dsv4.md), each installed only without CUDA and only at its call site."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import targets
+
+
+def register() -> None:
+    if torch.cuda.is_available():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .rope_table import around_get_rope_wrapper
+
+    HookRegistry.register(targets.DSV4_GET_ROPE_WRAPPER, around_get_rope_wrapper, HookType.AROUND)

@@ -13,6 +13,8 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from .pool_check import around_configure
     from .rope_table import around_get_rope_wrapper
 
     HookRegistry.register(targets.DSV4_GET_ROPE_WRAPPER, around_get_rope_wrapper, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_POOL_CONFIGURE, around_configure, HookType.AROUND)

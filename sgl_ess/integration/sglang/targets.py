@@ -52,6 +52,7 @@ GRAMMAR_COMPILE = "sglang.srt.constrained.base_grammar_backend.BaseGrammarBacken
 
 # DeepSeek-V4 on CPU with ESS off (dsv4/): stand-ins for CUDA-only calls, installed only without CUDA
 DSV4_GET_ROPE_WRAPPER = "sglang.srt.models.deepseek_v4.get_rope_wrapper"
+DSV4_COMPRESSION_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._init_compression_metadata_triton"
 DSV4_POOL_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
@@ -123,6 +124,8 @@ PATCHED = {
                            "rope_scaling gets SGLang's plain get_rope, not get_rope_cpu's assert (dsv4/rope_table.py)",
     DSV4_POOL_CONFIGURE: "AROUND (no CUDA, V4 runner only): V4's own packed-FP8 pool passes the CPU MHA FP8 check "
                          "(AMX + intel_amx), which is for a quant V4 never uses (dsv4/pool_check.py)",
+    DSV4_COMPRESSION_METADATA: "AROUND (no CUDA, CPU tensors): the dsv4 backend's C4/C128 compression metadata in "
+                               "torch instead of its Triton kernel (dsv4/compression_metadata.py)",
 }
 
 SEAMS = {

@@ -13,8 +13,10 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from .compression_metadata import around_init_compression_metadata
     from .pool_check import around_configure
     from .rope_table import around_get_rope_wrapper
 
     HookRegistry.register(targets.DSV4_GET_ROPE_WRAPPER, around_get_rope_wrapper, HookType.AROUND)
     HookRegistry.register(targets.DSV4_POOL_CONFIGURE, around_configure, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_COMPRESSION_METADATA, around_init_compression_metadata, HookType.AROUND)

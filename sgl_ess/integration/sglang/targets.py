@@ -53,6 +53,7 @@ GRAMMAR_COMPILE = "sglang.srt.constrained.base_grammar_backend.BaseGrammarBacken
 # DeepSeek-V4 on CPU with ESS off (dsv4/): stand-ins for CUDA-only calls, installed only without CUDA
 DSV4_GET_ROPE_WRAPPER = "sglang.srt.models.deepseek_v4.get_rope_wrapper"
 DSV4_COMPRESSION_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._init_compression_metadata_triton"
+DSV4_FLASHMLA_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._create_flashmla_metadata"
 DSV4_POOL_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
@@ -126,6 +127,8 @@ PATCHED = {
                          "(AMX + intel_amx), which is for a quant V4 never uses (dsv4/pool_check.py)",
     DSV4_COMPRESSION_METADATA: "AROUND (no CUDA, CPU tensors): the dsv4 backend's C4/C128 compression metadata in "
                                "torch instead of its Triton kernel (dsv4/compression_metadata.py)",
+    DSV4_FLASHMLA_METADATA: "AROUND (no CUDA): no FlashMLA tile-scheduler handle (None, as SGLang answers on "
+                            "sm120 / XPU); only FlashMLA reads it (dsv4/flashmla_metadata.py)",
 }
 
 SEAMS = {

@@ -3,6 +3,8 @@ on one V4 layer's path (docs/dsv4.md), each installed only without CUDA and only
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import targets
@@ -11,12 +13,17 @@ from .. import targets
 def register() -> None:
     if torch.cuda.is_available():
         return
+    # the C4 indexer's logits in SGLang's torch form (fp8_paged_mqa_logits_torch, dsv4/indexer.py:82) and no
+    # DeepGEMM schedule for them (dsv4/metadata.py:205); read by SGLang when each batch is planned
+    os.environ.setdefault("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .compression_metadata import around_init_compression_metadata
+    from .flashmla_metadata import around_create_flashmla_metadata
     from .pool_check import around_configure
     from .rope_table import around_get_rope_wrapper
 
     HookRegistry.register(targets.DSV4_GET_ROPE_WRAPPER, around_get_rope_wrapper, HookType.AROUND)
     HookRegistry.register(targets.DSV4_POOL_CONFIGURE, around_configure, HookType.AROUND)
     HookRegistry.register(targets.DSV4_COMPRESSION_METADATA, around_init_compression_metadata, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_FLASHMLA_METADATA, around_create_flashmla_metadata, HookType.AROUND)

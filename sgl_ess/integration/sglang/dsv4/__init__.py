@@ -16,6 +16,8 @@ def register() -> None:
     # the C4 indexer's logits in SGLang's torch form (fp8_paged_mqa_logits_torch, dsv4/indexer.py:82) and no
     # DeepGEMM schedule for them (dsv4/metadata.py:205); read by SGLang when each batch is planned
     os.environ.setdefault("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
+    # no top-k v2 plan (plan_topk_v2 is a JIT CUDA kernel, dsv4/metadata.py:275-278)
+    os.environ.setdefault("SGLANG_OPT_USE_TOPK_V2", "0")
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .compression_metadata import around_init_compression_metadata

@@ -54,6 +54,9 @@ GRAMMAR_COMPILE = "sglang.srt.constrained.base_grammar_backend.BaseGrammarBacken
 DSV4_GET_ROPE_WRAPPER = "sglang.srt.models.deepseek_v4.get_rope_wrapper"
 DSV4_COMPRESSION_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._init_compression_metadata_triton"
 DSV4_FLASHMLA_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._create_flashmla_metadata"
+DSV4_Q_NORM_ROPE = "sglang.srt.models.deepseek_v4.fused_q_norm_rope"
+DSV4_NORM_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_norm_rope_inplace"
+DSV4_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_rope_inplace"
 DSV4_POOL_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
@@ -129,6 +132,9 @@ PATCHED = {
                                "torch instead of its Triton kernel (dsv4/compression_metadata.py)",
     DSV4_FLASHMLA_METADATA: "AROUND (no CUDA): no FlashMLA tile-scheduler handle (None, as SGLang answers on "
                             "sm120 / XPU); only FlashMLA reads it (dsv4/flashmla_metadata.py)",
+    DSV4_Q_NORM_ROPE: "AROUND (no CUDA, CPU tensors): V4's query head norm + RoPE in torch (dsv4/norm_rope.py)",
+    DSV4_NORM_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's window row norm + RoPE in torch (dsv4/norm_rope.py)",
+    DSV4_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's (inverse) RoPE of the output in torch (dsv4/norm_rope.py)",
 }
 
 SEAMS = {

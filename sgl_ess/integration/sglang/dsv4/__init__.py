@@ -18,10 +18,14 @@ def register() -> None:
     os.environ.setdefault("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
     # no top-k v2 plan (plan_topk_v2 is a JIT CUDA kernel, dsv4/metadata.py:275-278)
     os.environ.setdefault("SGLANG_OPT_USE_TOPK_V2", "0")
+    # the window row goes norm-rope (fused_norm_rope_inplace) -> attn_backend.store_cache, not the pool's
+    # JIT CUDA fused store (MQALayer._compute_kv_to_cache, deepseek_v4.py:1835-1846)
+    os.environ.setdefault("SGLANG_DSV4_USE_BF16_KV_QUANT_SOURCE", "1")
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .compression_metadata import around_init_compression_metadata
     from .flashmla_metadata import around_create_flashmla_metadata
+    from .norm_rope import around_fused_norm_rope_inplace, around_fused_q_norm_rope, around_fused_rope_inplace
     from .pool_check import around_configure
     from .rope_table import around_get_rope_wrapper
 
@@ -29,3 +33,6 @@ def register() -> None:
     HookRegistry.register(targets.DSV4_POOL_CONFIGURE, around_configure, HookType.AROUND)
     HookRegistry.register(targets.DSV4_COMPRESSION_METADATA, around_init_compression_metadata, HookType.AROUND)
     HookRegistry.register(targets.DSV4_FLASHMLA_METADATA, around_create_flashmla_metadata, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_Q_NORM_ROPE, around_fused_q_norm_rope, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_NORM_ROPE_INPLACE, around_fused_norm_rope_inplace, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_ROPE_INPLACE, around_fused_rope_inplace, HookType.AROUND)

@@ -36,3 +36,6 @@ def register() -> None:
     HookRegistry.register(targets.DSV4_Q_NORM_ROPE, around_fused_q_norm_rope, HookType.AROUND)
     HookRegistry.register(targets.DSV4_NORM_ROPE_INPLACE, around_fused_norm_rope_inplace, HookType.AROUND)
     HookRegistry.register(targets.DSV4_ROPE_INPLACE, around_fused_rope_inplace, HookType.AROUND)
+    from . import backend_factory
+
+    backend_factory.register()

@@ -57,6 +57,9 @@ DSV4_FLASHMLA_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._creat
 DSV4_Q_NORM_ROPE = "sglang.srt.models.deepseek_v4.fused_q_norm_rope"
 DSV4_NORM_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_norm_rope_inplace"
 DSV4_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_rope_inplace"
+DSV4_HC_SPLIT_SINKHORN = "sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn"
+DSV4_MHC_COMBINE = "sglang.kernels.ops.layernorm.mhc.mhc_combine"
+DSV4_FUSED_HC_HEAD = "sglang.kernels.ops.layernorm.mhc_head.fused_hc_head"
 DSV4_POOL_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
@@ -135,6 +138,12 @@ PATCHED = {
     DSV4_Q_NORM_ROPE: "AROUND (no CUDA, CPU tensors): V4's query head norm + RoPE in torch (dsv4/norm_rope.py)",
     DSV4_NORM_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's window row norm + RoPE in torch (dsv4/norm_rope.py)",
     DSV4_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's (inverse) RoPE of the output in torch (dsv4/norm_rope.py)",
+    DSV4_HC_SPLIT_SINKHORN: "AROUND (no CUDA, CPU tensors): V4's hyper-connection pre/post/comb split with "
+                            "Sinkhorn in torch, not TileLang (dsv4/hyper_connections.py)",
+    DSV4_FUSED_HC_HEAD: "AROUND (no CUDA, CPU tensors): the last hyper-connection by SGLang's own torch "
+                        "hc_head_torch, not Triton (dsv4/hyper_connections.py)",
+    DSV4_MHC_COMBINE: "AROUND (no CUDA, CPU tensors): V4's hyper-connection combine in torch, not Triton "
+                      "(dsv4/hyper_connections.py)",
 }
 
 SEAMS = {

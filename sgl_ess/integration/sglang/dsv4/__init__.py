@@ -21,10 +21,15 @@ def register() -> None:
     # the window row goes norm-rope (fused_norm_rope_inplace) -> attn_backend.store_cache, not the pool's
     # JIT CUDA fused store (MQALayer._compute_kv_to_cache, deepseek_v4.py:1835-1846)
     os.environ.setdefault("SGLANG_DSV4_USE_BF16_KV_QUANT_SOURCE", "1")
+    # hyper-connections: SGLang's torch mixes and post instead of TileLang / DeepGEMM / FlashInfer kernels
+    for flag in ("SGLANG_OPT_USE_TILELANG_MHC_PRE", "SGLANG_OPT_USE_TILELANG_MHC_POST",
+                 "SGLANG_OPT_DEEPGEMM_HC_PRENORM", "SGLANG_OPT_USE_FLASHINFER_MHC"):
+        os.environ.setdefault(flag, "0")
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .compression_metadata import around_init_compression_metadata
     from .flashmla_metadata import around_create_flashmla_metadata
+    from .hyper_connections import around_fused_hc_head, around_hc_split_sinkhorn, around_mhc_combine
     from .norm_rope import around_fused_norm_rope_inplace, around_fused_q_norm_rope, around_fused_rope_inplace
     from .pool_check import around_configure
     from .rope_table import around_get_rope_wrapper
@@ -36,6 +41,9 @@ def register() -> None:
     HookRegistry.register(targets.DSV4_Q_NORM_ROPE, around_fused_q_norm_rope, HookType.AROUND)
     HookRegistry.register(targets.DSV4_NORM_ROPE_INPLACE, around_fused_norm_rope_inplace, HookType.AROUND)
     HookRegistry.register(targets.DSV4_ROPE_INPLACE, around_fused_rope_inplace, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_HC_SPLIT_SINKHORN, around_hc_split_sinkhorn, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_MHC_COMBINE, around_mhc_combine, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_FUSED_HC_HEAD, around_fused_hc_head, HookType.AROUND)
     from . import backend_factory
 
     backend_factory.register()

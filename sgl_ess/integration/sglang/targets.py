@@ -52,8 +52,6 @@ GRAMMAR_COMPILE = "sglang.srt.constrained.base_grammar_backend.BaseGrammarBacken
 
 # DeepSeek-V4 on CPU with ESS off (dsv4/): stand-ins for CUDA-only calls, installed only without CUDA
 DSV4_GET_ROPE_WRAPPER = "sglang.srt.models.deepseek_v4.get_rope_wrapper"
-DSV4_COMPRESSION_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._init_compression_metadata_triton"
-DSV4_FLASHMLA_METADATA = "sglang.srt.layers.attention.deepseek_v4_backend._create_flashmla_metadata"
 DSV4_Q_NORM_ROPE = "sglang.srt.models.deepseek_v4.fused_q_norm_rope"
 DSV4_NORM_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_norm_rope_inplace"
 DSV4_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_rope_inplace"
@@ -131,10 +129,6 @@ PATCHED = {
                            "rope_scaling gets SGLang's plain get_rope, not get_rope_cpu's assert (dsv4/rope_table.py)",
     DSV4_POOL_CONFIGURE: "AROUND (no CUDA, V4 runner only): V4's own packed-FP8 pool passes the CPU MHA FP8 check "
                          "(AMX + intel_amx), which is for a quant V4 never uses (dsv4/pool_check.py)",
-    DSV4_COMPRESSION_METADATA: "AROUND (no CUDA, CPU tensors): the dsv4 backend's C4/C128 compression metadata in "
-                               "torch instead of its Triton kernel (dsv4/compression_metadata.py)",
-    DSV4_FLASHMLA_METADATA: "AROUND (no CUDA): no FlashMLA tile-scheduler handle (None, as SGLang answers on "
-                            "sm120 / XPU); only FlashMLA reads it (dsv4/flashmla_metadata.py)",
     DSV4_Q_NORM_ROPE: "AROUND (no CUDA, CPU tensors): V4's query head norm + RoPE in torch (dsv4/norm_rope.py)",
     DSV4_NORM_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's window row norm + RoPE in torch (dsv4/norm_rope.py)",
     DSV4_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's (inverse) RoPE of the output in torch (dsv4/norm_rope.py)",

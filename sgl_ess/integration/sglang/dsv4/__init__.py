@@ -13,11 +13,6 @@ from .. import targets
 def register() -> None:
     if torch.cuda.is_available():
         return
-    # the C4 indexer's logits in SGLang's torch form (fp8_paged_mqa_logits_torch, dsv4/indexer.py:82) and no
-    # DeepGEMM schedule for them (dsv4/metadata.py:205); read by SGLang when each batch is planned
-    os.environ.setdefault("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
-    # no top-k v2 plan (plan_topk_v2 is a JIT CUDA kernel, dsv4/metadata.py:275-278)
-    os.environ.setdefault("SGLANG_OPT_USE_TOPK_V2", "0")
     # the window row goes norm-rope (fused_norm_rope_inplace) -> attn_backend.store_cache, not the pool's
     # JIT CUDA fused store (MQALayer._compute_kv_to_cache, deepseek_v4.py:1835-1846)
     os.environ.setdefault("SGLANG_DSV4_USE_BF16_KV_QUANT_SOURCE", "1")
@@ -27,8 +22,6 @@ def register() -> None:
         os.environ.setdefault(flag, "0")
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from .compression_metadata import around_init_compression_metadata
-    from .flashmla_metadata import around_create_flashmla_metadata
     from .hyper_connections import around_fused_hc_head, around_hc_split_sinkhorn, around_mhc_combine
     from .norm_rope import around_fused_norm_rope_inplace, around_fused_q_norm_rope, around_fused_rope_inplace
     from .pool_check import around_configure
@@ -36,8 +29,6 @@ def register() -> None:
 
     HookRegistry.register(targets.DSV4_GET_ROPE_WRAPPER, around_get_rope_wrapper, HookType.AROUND)
     HookRegistry.register(targets.DSV4_POOL_CONFIGURE, around_configure, HookType.AROUND)
-    HookRegistry.register(targets.DSV4_COMPRESSION_METADATA, around_init_compression_metadata, HookType.AROUND)
-    HookRegistry.register(targets.DSV4_FLASHMLA_METADATA, around_create_flashmla_metadata, HookType.AROUND)
     HookRegistry.register(targets.DSV4_Q_NORM_ROPE, around_fused_q_norm_rope, HookType.AROUND)
     HookRegistry.register(targets.DSV4_NORM_ROPE_INPLACE, around_fused_norm_rope_inplace, HookType.AROUND)
     HookRegistry.register(targets.DSV4_ROPE_INPLACE, around_fused_rope_inplace, HookType.AROUND)

@@ -4,9 +4,8 @@ It shows where the CPU dsv4 path stops, one traceback at a time:
 
     python -m sgl_ess.integration.sglang.dsv4.one_batch_driver [extra SGLang flags]
 
-Defaults: tiny_dsv4 with dummy weights (SGLESS_DUMMY_INIT=scaled), --swa-full-tokens-ratio 0.5 (a
-4096-token pool's window pool must hold 128 + 256 tokens) and index_topk overridden to 512 (the dsv4
-backend asserts 512 or 1024; tiny_dsv4 has 32). Not a test; tests are tests/integration/test_dsv4_*.py.
+Defaults: tiny_dsv4 with dummy weights (SGLESS_DUMMY_INIT=scaled) and --swa-full-tokens-ratio 0.5 (a
+4096-token pool's window pool must hold 128 + 256 tokens). Not a test; tests are tests/integration/test_dsv4_*.py.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ def main(extra: list[str]) -> None:
     sys.argv = ["one_batch", "--model-path", TINY_DSV4_DIR, "--load-format", "dummy", "--device", "cpu",
                 "--correctness-test", "--cut-len", "4", "--output-len", "4", "--batch-size", "1",
                 "--max-total-tokens", "4096", "--max-running-requests", "4", "--disable-cuda-graph",
-                "--swa-full-tokens-ratio", "0.5", "--json-model-override-args", '{"index_topk": 512}', *extra]
+                "--swa-full-tokens-ratio", "0.5", *extra]
     one_batch.cli_main()
 
 

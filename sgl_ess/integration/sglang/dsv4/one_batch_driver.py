@@ -18,7 +18,9 @@ import sgl_ess.models
 TINY_DSV4_DIR = os.path.join(os.path.dirname(os.path.abspath(sgl_ess.models.__file__)), "tiny_dsv4")
 
 
-def main(extra: list[str]) -> None:
+def main(extra: list[str], work=None) -> None:
+    """Run SGLang's one_batch correctness test, or `work` (its signature: server_args, port_args, bench_args,
+    gpu_id, tp_rank) in its place, in this process."""
     from sgl_ess.config import ENV_CONFIG_JSON, EssConfig
 
     os.environ[ENV_CONFIG_JSON] = EssConfig(enabled=False).to_json()
@@ -33,6 +35,8 @@ def main(extra: list[str]) -> None:
 
     plugin.load_plugin()
     HookRegistry.apply_hooks()
+    if work is not None:
+        one_batch.correctness_test = work
     sys.argv = ["one_batch", "--model-path", TINY_DSV4_DIR, "--load-format", "dummy", "--device", "cpu",
                 "--correctness-test", "--cut-len", "4", "--output-len", "4", "--batch-size", "1",
                 "--max-total-tokens", "4096", "--max-running-requests", "4", "--disable-cuda-graph",
@@ -40,5 +44,27 @@ def main(extra: list[str]) -> None:
     one_batch.cli_main()
 
 
+def first_token_logits(input_ids: list[int], out_path: str, extra: list[str] = ()) -> None:
+    """One prefill of `input_ids` through the model runner in this process (no server); writes the
+    float32 next-token logits to `out_path` (torch.save)."""
+    import torch
+
+    def work(server_args, port_args, bench_args, gpu_id, tp_rank):
+        from sglang.benchmark import one_batch as ob
+
+        ob.publish(server_args, role="scheduler", ranks=ob.SpawnRanks(
+            world_rank=ob.spawn_world_rank(server_args, tp_rank=tp_rank, pp_rank=0), gpu_id=gpu_id))
+        ob._init_process_global_configs()
+        runner, _ = ob.load_model(server_args, port_args, gpu_id, tp_rank)
+        reqs = ob.prepare_synthetic_inputs_for_latency_test(1, len(input_ids), [input_ids])
+        _, logits, _ = runner.extend(reqs)
+        torch.save(logits[0].float().clone(), out_path)
+
+    main(list(extra), work)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--first-token-logits"]:
+        first_token_logits([int(t) for t in sys.argv[2].split(",")], sys.argv[3], sys.argv[4:])
+    else:
+        main(sys.argv[1:])

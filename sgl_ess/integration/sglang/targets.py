@@ -58,6 +58,7 @@ DSV4_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_rope_inplace"
 DSV4_HC_SPLIT_SINKHORN = "sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn"
 DSV4_MHC_COMBINE = "sglang.kernels.ops.layernorm.mhc.mhc_combine"
 DSV4_FUSED_HC_HEAD = "sglang.kernels.ops.layernorm.mhc_head.fused_hc_head"
+DSV4_CHAT_ADAPTER = "sglang.srt.entrypoints.openai.chat_encoding_adapters.build_chat_encoding_adapter"
 DSV4_POOL_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
@@ -136,6 +137,9 @@ PATCHED = {
                             "Sinkhorn in torch, not TileLang (dsv4/hyper_connections.py)",
     DSV4_FUSED_HC_HEAD: "AROUND (no CUDA, CPU tensors): the last hyper-connection by SGLang's own torch "
                         "hc_head_torch, not Triton (dsv4/hyper_connections.py)",
+    DSV4_CHAT_ADAPTER: "AROUND (no CUDA, V4 chat spec, deepseek-recipe not installed): an adapter that refuses "
+                       "chat requests with SGLang's install hint, so the server starts and /generate serves "
+                       "(dsv4/chat_encoding.py)",
     DSV4_MHC_COMBINE: "AROUND (no CUDA, CPU tensors): V4's hyper-connection combine in torch, not Triton "
                       "(dsv4/hyper_connections.py)",
 }

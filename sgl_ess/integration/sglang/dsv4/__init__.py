@@ -22,6 +22,7 @@ def register() -> None:
         os.environ.setdefault(flag, "0")
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from .chat_encoding import around_build_chat_encoding_adapter
     from .hyper_connections import around_fused_hc_head, around_hc_split_sinkhorn, around_mhc_combine
     from .norm_rope import around_fused_norm_rope_inplace, around_fused_q_norm_rope, around_fused_rope_inplace
     from .pool_check import around_configure
@@ -35,6 +36,7 @@ def register() -> None:
     HookRegistry.register(targets.DSV4_HC_SPLIT_SINKHORN, around_hc_split_sinkhorn, HookType.AROUND)
     HookRegistry.register(targets.DSV4_MHC_COMBINE, around_mhc_combine, HookType.AROUND)
     HookRegistry.register(targets.DSV4_FUSED_HC_HEAD, around_fused_hc_head, HookType.AROUND)
+    HookRegistry.register(targets.DSV4_CHAT_ADAPTER, around_build_chat_encoding_adapter, HookType.AROUND)
     from . import backend_factory
 
     backend_factory.register()

@@ -1,8 +1,9 @@
 """DeepSeek-V4 served on this CPU with ESS off (issue 37 item 1): ``python -m sgl_ess.launch_server`` with the
 tiny V4 (sgl_ess/models/tiny_dsv4, the launcher's deterministic scaled dummy weights) answers greedy
 requests, and its first output token's top log-probs equal the log-softmax of one in-process prefill of the
-same prompt through the same model code (dsv4/one_batch_driver.first_token_logits, a separate process
-without the server). Same weights, same one-request batch: the token ids are equal and the log-probs agree
+same 300-token prompt through the same model code (dsv4/one_batch_driver.first_token_logits, a separate
+process without the server), so the window has slid and the indexer chooses among more C4 entries than its
+top-k. Same weights, same one-request batch: the token ids are equal and the log-probs agree
 within float32 rounding of a 2048-way log-softmax (1e-4). Then a longer generation runs (the window
 slides past 128 tokens and C4 / C128 entries are compressed while decoding), and without the deepseek-recipe
 package a chat request is refused with SGLang's install hint."""
@@ -22,7 +23,9 @@ from ._server import group_alive
 pytestmark = pytest.mark.integration
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(REPO, "sgl_ess", "models", "tiny_dsv4")
-PROMPT = [5, 17, 300, 42, 7, 99, 1000, 3, 250, 1800, 64, 12]
+# 300 tokens: the first output token attends through a slid window (128 of 300), the indexer's top 32 of
+# 75 C4 entries and 2 C128 entries
+PROMPT = [(7 * i * i + 13 * i + 5) % 2000 + 2 for i in range(300)]
 SIZE = ["--max-total-tokens", "4096", "--swa-full-tokens-ratio", "0.5"]
 
 

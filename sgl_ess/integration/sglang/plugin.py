@@ -43,7 +43,7 @@ def load_plugin() -> None:
 
     from sgl_ess.config import config_from_env
 
-    from . import targets
+    from . import dsv4, targets
     from .backends import backend_registration, cpu_fixes, cuda_backend, eagle, eagle_cpu_kernels
     from .backends.indexer_torch import indexer_forward_native
     from .launcher import compat, dummy_init
@@ -52,6 +52,7 @@ def load_plugin() -> None:
     from .routes import runtime_config
 
     cpu_fixes.register()
+    dsv4.register()                # DeepSeek-V4 on CPU (no CUDA only)
     HookRegistry.register(targets.INDEXER_FORWARD_NATIVE, indexer_forward_native, HookType.REPLACE)
     backend_registration.register()
     eagle.register()

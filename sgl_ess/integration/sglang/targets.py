@@ -51,6 +51,17 @@ BATCH_INVARIANT_MODE = "sglang.srt.model_executor.model_runner.ModelRunner.maybe
 STOP_STR_CHECK = "sglang.srt.managers.schedule_batch.Req._check_str_based_finish"
 GRAMMAR_COMPILE = "sglang.srt.constrained.base_grammar_backend.BaseGrammarBackend._init_value_dispatch"
 
+# DeepSeek-V4 on CPU with ESS off (dsv4/): stand-ins for CUDA-only calls, installed only without CUDA
+DSV4_GET_ROPE_WRAPPER = "sglang.srt.models.deepseek_v4.get_rope_wrapper"
+DSV4_Q_NORM_ROPE = "sglang.srt.models.deepseek_v4.fused_q_norm_rope"
+DSV4_NORM_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_norm_rope_inplace"
+DSV4_ROPE_INPLACE = "sglang.srt.models.deepseek_v4.fused_rope_inplace"
+DSV4_HC_SPLIT_SINKHORN = "sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn"
+DSV4_MHC_COMBINE = "sglang.kernels.ops.layernorm.mhc.mhc_combine"
+DSV4_FUSED_HC_HEAD = "sglang.kernels.ops.layernorm.mhc_head.fused_hc_head"
+DSV4_CHAT_ADAPTER = "sglang.srt.entrypoints.openai.chat_encoding_adapters.build_chat_encoding_adapter"
+DSV4_POOL_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
+
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
 # versions in backends/eagle_cpu_kernels.py. The names exist only in CPU-engine processes (SGLANG_USE_CPU_ENGINE=1,
 # set by the launcher without CUDA), so they are checked by tests/integration/test_spec_cpu_ops.py,
@@ -118,6 +129,22 @@ PATCHED = {
     GRAMMAR_COMPILE: "AFTER (launcher-started processes): a compiled grammar whose start allows no token becomes "
                      "SGLang's InvalidGrammarObject (a 400, not a 500 at the first step; observe/grammar_check.py)",
     UPDATE_HANDLERS: "AFTER: accept ess_prefetch_overlap_level in /set_internal_state (runtime level switch)",
+    DSV4_GET_ROPE_WRAPPER: "AROUND (no CUDA): a V4 window-only layer's rotary_emb (unused off NPU) without "
+                           "rope_scaling gets SGLang's plain get_rope, not get_rope_cpu's assert (dsv4/rope_table.py)",
+    DSV4_POOL_CONFIGURE: "AROUND (no CUDA, V4 runner only): V4's own packed-FP8 pool passes the CPU MHA FP8 check "
+                         "(AMX + intel_amx), which is for a quant V4 never uses (dsv4/pool_check.py)",
+    DSV4_Q_NORM_ROPE: "AROUND (no CUDA, CPU tensors): V4's query head norm + RoPE in torch (dsv4/norm_rope.py)",
+    DSV4_NORM_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's window row norm + RoPE in torch (dsv4/norm_rope.py)",
+    DSV4_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's (inverse) RoPE of the output in torch (dsv4/norm_rope.py)",
+    DSV4_HC_SPLIT_SINKHORN: "AROUND (no CUDA, CPU tensors): V4's hyper-connection pre/post/comb split with "
+                            "Sinkhorn in torch, not TileLang (dsv4/hyper_connections.py)",
+    DSV4_FUSED_HC_HEAD: "AROUND (no CUDA, CPU tensors): the last hyper-connection by SGLang's own torch "
+                        "hc_head_torch, not Triton (dsv4/hyper_connections.py)",
+    DSV4_CHAT_ADAPTER: "AROUND (no CUDA, V4 chat spec, deepseek-recipe not installed): an adapter that refuses "
+                       "chat requests with SGLang's install hint, so the server starts and /generate serves "
+                       "(dsv4/chat_encoding.py)",
+    DSV4_MHC_COMBINE: "AROUND (no CUDA, CPU tensors): V4's hyper-connection combine in torch, not Triton "
+                      "(dsv4/hyper_connections.py)",
 }
 
 SEAMS = {

@@ -1,0 +1,146 @@
+"""The CPU arm of SGLang's ``dsv4`` attention backend (DeepSeek-V4 without CUDA, ESS off), in torch.
+
+What the model calls on its backend (models/deepseek_v4.py, MQALayer with
+SGLANG_DSV4_USE_BF16_KV_QUANT_SOURCE=1): ``store_cache`` (the normed, roped window row of each new
+token), ``forward_core_compressor`` (a C4/C128 layer's compressor), ``forward_c4_indexer`` (a C4 layer's
+indexer: its compressor, query, scores and top-k) and ``forward`` (attention). Rows live in SideRows by
+token location; compressed entries and index keys are pooled from the stored projections when read;
+the math is sgl_ess/attention/dsv4_*.py (window 128 + compressed entries + sink in one softmax).
+Not implemented (refused): CUDA graphs, speculative decoding, V4.1's ratio 1/2 layers, FP4 indexer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_ess.attention.dsv4_attention import layer_attention
+from sgl_ess.attention.dsv4_indexer import index_scores, select_topk, visible_c4_entries
+from sgl_ess.attention.dsv4_rope import apply_rope_tail
+
+from .compressed_entries import entries
+from .side_rows import SideRows
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+
+@dataclass
+class CpuBatch:
+    """One forward batch, per token: its request's index in the batch, position and location."""
+    req_pool_indices: list[int]
+    seq_lens: list[int]
+    tok_req: torch.Tensor          # int64 [T]
+    positions: torch.Tensor        # int64 [T]
+    out_loc: torch.Tensor          # int64 [T]
+
+
+def batch_of(forward_batch) -> CpuBatch:
+    mode = forward_batch.forward_mode
+    if not (mode.is_decode() or mode.is_extend_without_speculative()):
+        raise NotImplementedError(f"DeepSeek-V4 on CPU: forward mode {mode} is not implemented (extend and "
+                                  "decode only; no speculative decoding)")
+    seq_lens = [int(s) for s in forward_batch.seq_lens.tolist()]
+    if mode.is_decode():
+        counts = [1] * len(seq_lens)
+    else:
+        counts = [int(n) for n in forward_batch.extend_seq_lens.tolist()]
+    tok_req = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts, dtype=torch.long))
+    return CpuBatch([int(i) for i in forward_batch.req_pool_indices.tolist()], seq_lens, tok_req,
+                    forward_batch.positions.long(), forward_batch.out_cache_loc.long())
+
+
+class DeepseekV4CpuAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        hf = model_runner.model_config.hf_config
+        if any(r in (1, 2) for r in getattr(hf, "compress_ratios", [])):
+            raise NotImplementedError("DeepSeek-V4 on CPU: V4.1's ratio 1 / 2 layers are not implemented")
+        self.device = model_runner.device
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.window = int(getattr(hf, "window_size", None) or hf.sliding_window)
+        self.index_topk = int(hf.index_topk)
+        self.rows = SideRows()
+        self.chosen: dict[int, torch.Tensor] = {}    # C4 layer -> [T, topk] entries per token, this batch
+        self.compressors: dict = {}                 # layer -> the model's Compressor (seen by forward_core_compressor)
+        self.forward_metadata = None
+
+    # -- SGLang's backend interface -------------------------------------------------------------
+    def init_forward_metadata(self, forward_batch):
+        self.forward_metadata = batch_of(forward_batch)
+        self.chosen = {}
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        raise NotImplementedError("DeepSeek-V4 on CPU: no CUDA graphs (run with --disable-cuda-graph)")
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def _locs(self, b: CpuBatch, i: int, n: int) -> torch.Tensor:
+        return self.req_to_token[b.req_pool_indices[i], :n].long()
+
+    def store_cache(self, layer_id, swa_k, forward_batch, **kwargs):
+        b = self.forward_metadata
+        self.rows.write(layer_id, "swa", b.out_loc, swa_k[: b.out_loc.numel()])
+
+    def forward_core_compressor(self, x, forward_batch, layer_id, compressor, **kwargs):
+        b = self.forward_metadata
+        self.compressors[layer_id] = compressor
+        kv_score, _ = compressor.wkv_gate(x)
+        self.rows.write(layer_id, "core", b.out_loc, kv_score[: b.out_loc.numel()])
+
+    def forward_c4_indexer(self, x, q_lora, forward_batch, c4_indexer, q_lora_quant=None, skip_compressor=False,
+                           **kwargs):
+        if getattr(c4_indexer, "use_fp4_indexer", False):
+            raise NotImplementedError("DeepSeek-V4 on CPU: the FP4 indexer is not implemented")
+        b, layer = self.forward_metadata, c4_indexer.layer_id
+        if not skip_compressor:
+            kv_score, _ = c4_indexer.compressor.wkv_gate(x)
+            self.rows.write(layer, "index", b.out_loc, kv_score[: b.out_loc.numel()])
+        q, _ = c4_indexer.wq_b(q_lora)
+        q = q.view(-1, c4_indexer.n_local_heads, c4_indexer.head_dim)
+        f = c4_indexer.freqs_cis[b.positions][:, None, :]
+        q = apply_rope_tail(q, f, c4_indexer.rope_head_dim)
+        w = c4_indexer.compute_weights(x).float()
+        chosen = torch.full((q.shape[0], self.index_topk), -1, dtype=torch.long)
+        for i, n in enumerate(b.seq_lens):
+            toks = (b.tok_req == i).nonzero().flatten()
+            keys = entries(c4_indexer.compressor, self.rows.read(layer, "index", self._locs(b, i, n)))
+            scores = index_scores(q[toks], w[toks], keys)
+            chosen[toks] = select_topk(scores, visible_c4_entries(b.positions[toks]), self.index_topk)
+        self.chosen[layer] = chosen
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, compress_ratio=0, attn_sink=None,
+                **kwargs):
+        if kwargs.get("inv_rope") is not None:
+            raise NotImplementedError("DeepSeek-V4 on CPU: an inverse RoPE fused into attention is not implemented")
+        b, layer_id = self.forward_metadata, layer.layer_id
+        heads = q.shape[1]
+        sink = attn_sink.float() if attn_sink is not None else torch.full((heads,), float("-inf"))
+        out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
+        for i, n in enumerate(b.seq_lens):
+            toks = (b.tok_req == i).nonzero().flatten()
+            locs = self._locs(b, i, n)
+            swa = self.rows.read(layer_id, "swa", locs)
+            pos = b.positions[toks]
+            compressed = chosen = None
+            if compress_ratio in (4, 128):
+                compressor = self._compressor(layer_id)
+                compressed = entries(compressor, self.rows.read(layer_id, "core", locs))
+                if compress_ratio == 4:
+                    chosen = self.chosen[layer_id][toks]
+                else:
+                    visible = (pos + 1) // 128
+                    j = torch.arange(max(int(compressed.shape[0]), 1))
+                    chosen = torch.where(j[None, :] < visible[:, None], j[None, :], -1)
+                if compressed.shape[0] == 0:
+                    compressed = chosen = None
+            out[toks] = layer_attention(q[toks], pos, swa, sink[:heads], layer.scaling, compressed, chosen,
+                                        self.window)
+        return out.to(q.dtype)
+
+    def _compressor(self, layer_id):
+        c = self.compressors.get(layer_id)
+        if c is None:
+            raise RuntimeError(f"dsv4 CPU arm: layer {layer_id}'s compressor never ran before its attention")
+        return c

@@ -1,0 +1,45 @@
+"""DeepSeek-V4 on CPU: let SGLang build V4's own FP8 pool (``DeepSeekV4TokenToKVPool``).
+
+V4's pool always stores packed FP8 rows (``create_buffer`` asserts a uint8 store,
+deepseek_v4_memory_pool.py:321; bfloat16 is NPU's separate geometry), so V4 resolves
+``--kv-cache-dtype fp8_e4m3``. ``KVCacheConfigurator.configure`` (kv_cache_configurator.py:459-468)
+then applies the CPU MHA rule for FP8 (SGLang's ``cpu_fp8_e4m3`` quant, which needs Intel AMX and
+the ``intel_amx`` backend) although V4's rows are never read by that quant: the CPU dsv4 arm
+(dsv4/) dequantizes them in torch. So, without CUDA and for a DeepseekV4ForCausalLM runner only,
+that check sees AMX and the intel_amx backend for the duration of ``configure``. Speculative
+decoding is refused here (the backend list also decides draft pool fusion).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+V4_ARCH = "DeepseekV4ForCausalLM"
+
+
+def is_v4(model_config) -> bool:
+    archs = getattr(getattr(model_config, "hf_config", None), "architectures", None) or []
+    return V4_ARCH in archs
+
+
+@contextlib.contextmanager
+def _v4_fp8_pool_allowed():
+    from sglang.srt.mem_cache import kv_cache_configurator as mod
+
+    amx, backends = mod.cpu_has_amx_support, mod.attention_backends
+    mod.cpu_has_amx_support = lambda: True
+    mod.attention_backends = lambda: ("intel_amx",)
+    try:
+        yield
+    finally:
+        mod.cpu_has_amx_support, mod.attention_backends = amx, backends
+
+
+def around_configure(original_fn, self, *args, **kwargs):
+    if not is_v4(getattr(self, "model_config", None)):
+        return original_fn(self, *args, **kwargs)
+    if not self.spec_algorithm.is_none():
+        raise NotImplementedError(
+            f"{V4_ARCH} on CPU: speculative decoding (MTP) is not implemented by the CPU dsv4 arm")
+    with _v4_fp8_pool_allowed():
+        return original_fn(self, *args, **kwargs)

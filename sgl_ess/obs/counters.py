@@ -55,6 +55,10 @@ class StoreCounters:
     def add_d2h(self, layer: int, n_rows: int) -> None:
         self.rows_d2h[layer] += n_rows
 
+    def add_d2h_every_layer(self, n_rows: int) -> None:
+        """Each layer wrote `n_rows` (a decode graph's replay): one tensor op for all layers."""
+        self.rows_d2h += n_rows
+
     def request(self, req: int) -> dict:
         return {"hits": self.hits[:, req].tolist(), "misses": self.misses[:, req].tolist()}
 

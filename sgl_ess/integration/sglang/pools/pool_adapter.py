@@ -452,8 +452,8 @@ class EssPoolAdapter:
             self._end_capture()
             self.store.graph_boundary()
             self._set_counts(plus(self._host_counts(), self.graphs.replay(size, n_real)))
-        for layer in range(self.layers):
-            self.note_host_write(layer, n_real * self.graphs.width(size))   # MTP verify: n rows per request
+        # every layer's writer stored the real rows (MTP verify: n per request): one add, not one per layer
+        self.store.counters.add_d2h_every_layer(n_real * self.graphs.width(size))
 
     def end_capture(self) -> None:
         """An eager forward: any capture's run is over."""

@@ -28,7 +28,20 @@ would be host pools, so TP 8 would keep 8 identical pools on a node. Instead:
                           host (kernels/stream_values.py). The CPU suite runs it through the stream
                           runtime's double (the GPU fake); it has not run on a GPU.
   lockstep     every ``GUARD_EVERY`` forwards the members compare a hash of what they wrote
-               (locations, request rows, sequence lengths); a mismatch stops the scheduler.
+               (locations, request rows, sequence lengths: one device -> host copy per forward) and
+               their per-layer counts; a mismatch stops the scheduler.
+  hang bound   ``cuStreamWaitValue64`` has no timeout (the driver's wait flags are GEQ, EQ, AND, NOR and
+               FLUSH; cuda-python offers no bounded form): a reader's stream waiting for a count the
+               owner's stream is never given would hang the GPU, and the host with it at its next sync.
+               So the owner's host also posts each count it queues (a second int64 [layers] in the same
+               segment, stored by the host), and a reader's host queues a stream wait only once the
+               owner's host has posted that count: a count mismatch (an owner that stopped, skipped a
+               layer or ran fewer forwards) raises ``LockstepError`` on the reader's host after
+               ``WAIT_TIMEOUT_S`` instead of queuing a wait nothing satisfies. What stays unbounded: a
+               wait whose write is queued on the owner's stream but never runs (the owner's GPU hung or
+               its process died after queuing it); the reader's stream then waits as it would on a
+               collective. Cost: a reader's host follows the owner's host layer by layer (the GPUs are
+               coupled the same way by the TP collectives).
   debug        ``SGLESS_SHARED_POOL_READONLY=1``: readers map the pool PROT_READ, so a write by a
                reader faults at once (the test suite runs with it).
 Who shares (``--ess-share-host-pool``, core/parallel_layout.shares_host_pool): on CPU by default; on
@@ -56,6 +69,7 @@ logger = logging.getLogger(__name__)
 
 ENV_READONLY = "SGLESS_SHARED_POOL_READONLY"
 EPOCHS_LABEL = "sgl_ess_epochs"
+EPOCHS_BYTES_PER_LAYER = 16      # the stream-written count and the owner's host-posted count, int64 each
 GUARD_EVERY = 16                 # forwards between lockstep checks
 WAIT_TIMEOUT_S = 120.0           # a reader waiting this long for the owner's rows: lockstep is lost
 HANDOVER_TIMEOUT_S = 120.0
@@ -83,41 +97,59 @@ class WriteEpochs:
     def wait(self, layer: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
         """Reader: return once the owner has written this forward's rows of `layer`."""
         self.count[layer] += 1
-        want = self.count[layer]
-        spins, deadline = 0, None
-        while int(self.shared[layer]) < want:
-            spins += 1
-            if spins > 1000:
-                if deadline is None:
-                    deadline = time.monotonic() + timeout_s
-                elif time.monotonic() > deadline:
-                    raise LockstepError(
-                        f"ESS shared host pool: waited {timeout_s:g} s for the owner's rows of layer {layer} "
-                        f"(forward {want}, owner at {int(self.shared[layer])}): the TP ranks are out of lockstep "
-                        "or the owner rank stopped")
-                time.sleep(0.0002)
+        _wait_posted(self.shared, layer, self.count[layer], timeout_s, "written")
 
 
 class StreamEpochs:
     """The same count, written and waited for by the compute streams (``order`` "stream"): the
     owner's stream writes it after the kernel that stored the rows, a reader's stream waits for it
-    before the kernels that read them. `runtime` is the stream engine's (prefetch/stream_runtime.py)."""
+    before the kernels that read them. `runtime` is the stream engine's (prefetch/stream_runtime.py).
+
+    `posted` (int64 [layers] in the same segment, host memory; None: no host check): the counts whose
+    stream write the owner's host has queued. A reader's host waits (``WAIT_TIMEOUT_S``, then
+    ``LockstepError``) until the owner posted the count it is about to wait for on its stream:
+    ``cuStreamWaitValue64`` has no timeout, so a count nobody will write is refused here, on the host,
+    before the stream wait is queued (see the module's "hang bound")."""
     order = "stream"
 
-    def __init__(self, segment: SharedSegment, layers: int, runtime, count: list[int] | None = None):
+    def __init__(self, segment: SharedSegment, layers: int, runtime, count: list[int] | None = None,
+                 posted: torch.Tensor | None = None):
         self.segment = segment
         self.shared = segment.tensor(torch.int64, (layers,))
         self.rt = runtime
         self.values = runtime.map_values(self.shared)
         self.count = list(count) if count is not None else [0] * layers
+        self.posted = posted
 
     def written(self, layer: int) -> None:
         self.count[layer] += 1
         self.rt.write_value(self.rt.current(), self.values, layer, self.count[layer])
+        if self.posted is not None:
+            self.posted[layer] = self.count[layer]      # after the stream write is queued
 
-    def wait(self, layer: int) -> None:
+    def wait(self, layer: int, timeout_s: float = WAIT_TIMEOUT_S) -> None:
         self.count[layer] += 1
-        self.rt.wait_value(self.rt.current(), self.values, layer, self.count[layer])
+        want = self.count[layer]
+        if self.posted is not None:
+            _wait_posted(self.posted, layer, want, timeout_s, "queued the stream write of")
+        self.rt.wait_value(self.rt.current(), self.values, layer, want)
+
+
+def _wait_posted(counts: torch.Tensor, layer: int, want: int, timeout_s: float, what: str) -> None:
+    """Spin until the owner's host stored `want` (or more) at counts[layer]; LockstepError after
+    `timeout_s` (a plain host read of shared memory: no device sync)."""
+    spins, deadline = 0, None
+    while int(counts[layer]) < want:
+        spins += 1
+        if spins > 1000:
+            if deadline is None:
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise LockstepError(
+                    f"ESS shared host pool: waited {timeout_s:g} s for the owner to have {what} layer {layer}'s "
+                    f"rows (forward {want}, owner at {int(counts[layer])}): the TP ranks are out of lockstep "
+                    "or the owner rank stopped")
+            time.sleep(0.0002)
 
 
 @dataclass
@@ -131,14 +163,18 @@ class Share:
     epochs: WriteEpochs | StreamEpochs
     group: object = field(repr=False)   # SGLang's GroupCoordinator (its gloo cpu group)
     readonly: bool = False
+    posted: bool = False                # the count segment holds the owner's posted counts (StreamEpochs)
     _forwards: int = 0
     _digest: int = 0
 
     def order_on(self, runtime) -> None:
-        """The store runs on the stream engine: order through its compute streams from now on."""
+        """The store runs on the stream engine: order through its compute streams from now on (with the
+        host check of posted counts when the segment holds them: `build` makes it so)."""
         if isinstance(self.epochs, WriteEpochs):
             e = self.epochs
-            self.epochs = StreamEpochs(e.segment, len(e.count), runtime, e.count)
+            layers = len(e.count)
+            posted = e.segment.tensor(torch.int64, (layers,), offset_bytes=8 * layers) if self.posted else None
+            self.epochs = StreamEpochs(e.segment, layers, runtime, e.count, posted=posted)
 
     def before_read(self, layer: int) -> None:
         if not self.writer:
@@ -149,19 +185,24 @@ class Share:
             self.epochs.written(layer)
 
     def check_lockstep(self, loc: torch.Tensor, reqs: torch.Tensor, seq_lens: torch.Tensor) -> None:
-        """Once per forward (layer 0): fold what this forward writes into a digest; every
-        GUARD_EVERY forwards compare it across the group (one small collective)."""
-        d = self._digest
-        for t in (loc, reqs, seq_lens):
-            d = zlib.crc32(t.detach().to("cpu", torch.int64).numpy().tobytes(), d)
+        """Once per forward (layer 0): fold what this forward writes into a digest - the three tensors
+        joined on their device and read back in ONE device -> host copy (a host sync: SGLang's forward
+        inputs are on the device), their lengths folded in from the host so a boundary shift differs;
+        every GUARD_EVERY forwards compare the digest and the per-layer counts across the group (one
+        small collective)."""
+        parts = [t.detach().reshape(-1) for t in (loc, reqs, seq_lens)]
+        joined = torch.cat([p.to(torch.int64) for p in parts]).cpu()
+        d = zlib.crc32(repr([p.numel() for p in parts]).encode(), self._digest)
+        d = zlib.crc32(joined.numpy().tobytes(), d)
         self._digest, self._forwards = d, self._forwards + 1
         if self._forwards % GUARD_EVERY:
             return
-        got = self.group.all_gather_object((self.node_rank, self._forwards, d))
+        got = self.group.all_gather_object((self.node_rank, self._forwards, d, tuple(self.epochs.count)))
         mine = [g for g in got if g[0] == self.node_rank]
         if any(g[1:] != mine[0][1:] for g in mine):
             raise LockstepError(f"ESS shared host pool: the TP ranks sharing node {self.node_rank}'s pool wrote "
-                                f"different rows (forward, digest per rank: {[g[1:] for g in mine]}); stopping "
+                                f"different rows (forward, digest, per-layer counts per rank: "
+                                f"{[g[1:] for g in mine]}); stopping "
                                 "rather than reading rows another rank did not write")
 
     def describe(self) -> dict:
@@ -220,7 +261,7 @@ def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool,
     server = None
     if writer:
         pool = HostLatentPool(layers, rows, row_bytes, pin=on_cuda, lock=lock)
-        epochs_seg = SharedSegment(8 * layers, label=EPOCHS_LABEL)
+        epochs_seg = SharedSegment(EPOCHS_BYTES_PER_LAYER * layers, label=EPOCHS_LABEL)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind("\0" + name)
         server.listen(len(members))
@@ -231,7 +272,7 @@ def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool,
         else:
             host_fd, epochs_fd = _recv_fds(names[members[0]], 2)
             pool = HostLatentPool(layers, rows, row_bytes, pin=on_cuda, lock=lock, fd=host_fd, readonly=readonly)
-            epochs_seg = SharedSegment.attach(epochs_fd, 8 * layers, label=EPOCHS_LABEL)
+            epochs_seg = SharedSegment.attach(epochs_fd, EPOCHS_BYTES_PER_LAYER * layers, label=EPOCHS_LABEL)
     finally:
         if server is not None:
             server.close()
@@ -240,7 +281,8 @@ def build(layers: int, rows: int, row_bytes: int, *, on_cuda: bool, lock: bool,
     if len({i for n, i in inodes if n == node}) != 1:
         raise RuntimeError(f"ESS shared host pool: ranks on node {node} mapped different segments {inodes}")
     share = Share(writer=writer, members=members, group_rank=me, node_rank=node, inode=inode,
-                  epochs=WriteEpochs(epochs_seg, layers), group=group, readonly=readonly and not writer)
+                  epochs=WriteEpochs(epochs_seg, layers), group=group, readonly=readonly and not writer,
+                  posted=True)
     logger.info("ESS host pool: shared by attention-TP ranks %s on node %d (this rank: %s; memfd inode %d)",
                 members, node, "owner, writes and zeroes" if writer else
                 "reader" + (", mapped read-only" if share.readonly else ""), inode)

@@ -60,6 +60,18 @@ logger = logging.getLogger(__name__)
 WORKER_MIN_CPUS = 4
 
 
+def index_to_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """idx (int, any device) as int64 on `device`, without making the host wait: already there, a
+    conversion on the device; a host tensor bound for an accelerator is copied into pinned memory first
+    (torch's caching host allocator keeps the block until the copy ran), then copied without blocking -
+    a pageable host -> device copy would wait for the device."""
+    if idx.device == device:
+        return idx.to(torch.int64)
+    if idx.device.type == "cpu" and device.type != "cpu":
+        return idx.to(torch.int64).pin_memory().to(device, non_blocking=True)
+    return idx.to(device, torch.int64)
+
+
 def rank_cpu_cores() -> int:
     """Cores this scheduler rank computes on: its torch intra-op threads (SGLang binds them to the rank's
     SGLANG_CPU_OMP_THREADS_BIND group with several ranks on a node), never more than the machine has."""
@@ -288,12 +300,25 @@ class LatentStore:
         no host wait; a later write to layer l is ordered after layer l's memset on the device.
         With `external_host_writer` (a PD decode node, issue 32 defect 3): SGLang frees the locations
         after this returns and may hand them to a transfer that writes host rows by RDMA, outside
-        every stream and every fence, so the host waits for the zeroing here (`complete`)."""
-        locs = locs.reshape(-1).to("cpu", torch.int64)
+        every stream and every fence, so the host waits for the zeroing here (`complete`).
+
+        locs int [n], any device. On a device-stream engine nothing here waits for the device (issue 32):
+        the locations stay on the store's device (a host tensor is staged through pinned memory, never a
+        pageable copy) and the range check is a device-side assert (`torch._assert_async`: on CUDA it
+        stops the process at its next sync, with this message). Other engines address their runs on the
+        host: the locations are read there (a sync they make anyway) and checked at once."""
+        locs = locs.reshape(-1)
         if locs.numel() == 0:
             return
-        if int(locs.min()) < 0 or int(locs.max()) >= self.cfg.host_capacity_tokens:
-            raise IndexError(f"clear_host: location out of range [0, {self.cfg.host_capacity_tokens})")
+        cap = self.cfg.host_capacity_tokens
+        if self.engine.ordered_on_device:
+            locs = index_to_device(locs, self.device)
+            torch._assert_async(((locs >= 0) & (locs < cap)).all(),
+                                f"clear_host: a released location is out of range [0, {cap})")
+        else:
+            locs = locs.to("cpu", torch.int64)
+            if int(locs.min()) < 0 or int(locs.max()) >= cap:
+                raise IndexError(f"clear_host: location out of range [0, {cap})")
         ticket = self.engine.submit(CopyPlan("zero", torch.full_like(locs, -1), locs,
                                              tier="background", note="zero released rows"))
         if self.external_host_writer:

@@ -10,27 +10,7 @@ import torch
 
 from sgl_ess.integration.sglang.pools import shared_host_pool as shp
 from sgl_ess.memory.shared_segment import SharedSegment
-
-
-class _OnDevice(torch.Tensor):
-    """A tensor that stands for a device tensor: every copy of one to the host is counted (on CPU such a
-    copy dispatches nothing, so a dispatch mode cannot see it). What a copy returns is a host tensor."""
-    d2h: list[str] = []
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", str(func))
-        to_host = (name == "cpu" or (name == "to" and any(
-            (isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu")
-            for a in list(args[1:]) + [kwargs.get("device")] if a is not None)))
-        host_read = name in ("numpy", "tolist", "item", "__int__", "__bool__", "__index__")
-        out = super().__torch_function__(func, types, args, kwargs)
-        if to_host or host_read:
-            cls.d2h.append(name)
-            if isinstance(out, torch.Tensor):
-                out = out.as_subclass(torch.Tensor)
-        return out
+from tests.unit.store.device_copies import OnDevice, on_device
 
 
 class _Group:
@@ -52,10 +32,10 @@ def _share(answers, layers=1, **posted):
 
 def test_check_lockstep_copies_the_forward_to_the_host_once():
     share, _ = _share(lambda obj: [obj])
-    loc, reqs, seq_lens = (torch.tensor(v).as_subclass(_OnDevice) for v in ([10, 11, 12], [1, 2], [5, 7]))
-    _OnDevice.d2h.clear()
+    loc, reqs, seq_lens = (on_device(torch.tensor(v)) for v in ([10, 11, 12], [1, 2], [5, 7]))
+    OnDevice.seen.clear()
     share.check_lockstep(loc, reqs, seq_lens)
-    assert _OnDevice.d2h == ["cpu"], f"device -> host copies per forward: {_OnDevice.d2h}"
+    assert OnDevice.seen == ["cpu"], f"device -> host copies per forward: {OnDevice.seen}"
 
 
 def test_the_digest_tells_a_shifted_boundary_apart():

@@ -55,3 +55,17 @@ def test_hyv4_ess_on_equals_off(hyv4):
 def test_hyv4_live_rows_back_to_zero_without_a_flush(hyv4):
     u = hyv4["on"]["after"]
     assert u["host_tokens_used"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0, u
+
+
+def test_hyv4_shared_layer_planned_at_its_anchor(hyv4):
+    """Layer 2 reuses layer 1's top-k (indexer_types full / full / shared): layers 1 and 2 are one group,
+    resolved once per step at the anchor, layer 2's fetch planned there (never inside its attention),
+    with the same hits and misses as its anchor's; layer 0 is a group of its own."""
+    u = hyv4["on"]["usage"]
+    early, late = u["plans_early_by_layer"], u["plans_late_by_layer"]
+    assert len(early) == LAYERS and len(late) == LAYERS, u
+    assert late[2] == 0 and early[2] > 0, (early, late)
+    assert early[2] == early[1] + late[1], (early, late)
+    assert u["resolver_calls"] == sum(early[a] + late[a] for a in (0, 1)), u
+    hits, misses = u["hits_per_layer"], u["misses_per_layer"]
+    assert hits[1] == hits[2] and misses[1] == misses[2], (hits, misses)

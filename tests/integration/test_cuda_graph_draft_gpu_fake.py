@@ -1,23 +1,25 @@
 """GPU fake (issue 35 item 3): the EAGLE draft decode steps of the ESS CUDA backend captured in ONE CUDA graph
-(as SGLang's draft graph runner captures the whole multi-step draft forward) and replayed, each step through
-``cuda_graph.graph_draft``: the store's committed-rows decode over the whole padded batch, padding rows -1 found
-on the device, the step's own speculative row neither read nor admitted.
+(as SGLang's draft graph runner captures the whole multi-step draft forward) and replayed, through SGLang's own
+hooks on the multi-step draft backend (``init_cuda_graph_state``, ``init_forward_metadata_out_graph`` before the
+capture and before each replay, ``on_after_cuda_graph_warmup``) and each step's ``forward_decode``. The
+container is ESS's subclass of SGLang's ``DeepseekSparseAttnMultiStepBackend`` (cuda_multistep.py, installed by
+REPLACE; here built directly, its step backends ESS's CUDA class as the REPLACE of the DSA class makes them): it
+registers the capture batch with every step, so each step's forward_decode goes to ``cuda_graph.graph_draft``
+(the store's committed-rows decode over the whole padded batch, padding rows -1 found on the device, the step's
+own speculative row neither read nor admitted), and calls the store's warm-up and replay hooks once.
 
 The graph is tests/graph_double.py's (ops recorded once, replayed on the same tensors, no Python of ours at
 replay; a capture refuses host reads, data-dependent shapes, host values copied in, and side-stream work it did
-not fork and join: CaptureStreams). The store's graph hooks are called as a capture and a replay need them
-(``graph_capture_batch`` before the warm-ups, ``graph_capture`` after each, ``graph_replay`` before each
-replay), and SGLang's own DSA metadata prep of each step backend (its ``init_forward_metadata_out_graph``);
-SGLang's multi-step container itself is not the caller (see the module's last paragraph).
+not fork and join: CaptureStreams).
 
 The eager twin is a second draft runner on its own pools and store, fed the same requests, rows, queries and
 top-k, running each step eagerly (``forward_decode``): every replay's outputs over the real rows equal the eager
 steps' bit for bit, and afterwards both stores hold the same LRU state, slot-space bytes, admission frontier and
 counters. Requests change between replays as SGLang's do: fewer requests (padding rows), accept lengths, order.
 
-What is not wired yet: StoreForward.decode refuses a graph batch of a draft step, and SGLang's
-DeepseekSparseAttnMultiStepBackend hands its children a DECODE view at capture (not the batch the steps run)
-and calls none of their hooks before a replay, so the launcher keeps refusing MTP with --ess-cuda-graph.
+Negative controls: with SGLang's own container (not ESS's) the capture is refused with a clear error (the steps
+never see the batch they run with), and a capture whose batch is not registered freezes the warm-up's answer
+(the eager step). Checked on CPU with the graph double only; no draft step of ESS has been captured on a GPU.
 """
 
 from types import SimpleNamespace
@@ -29,7 +31,7 @@ pytest.importorskip("sglang")
 
 from sgl_ess.attention.overlap import split_halves  # noqa: E402
 from sgl_ess.integration.sglang.backends.cuda_backend import backend_class  # noqa: E402
-from sgl_ess.integration.sglang.backends.cuda_graph import graph_draft  # noqa: E402
+from sgl_ess.integration.sglang.backends.cuda_multistep import multistep_class  # noqa: E402
 from sgl_ess.kernels import flashtrans  # noqa: E402
 from sgl_ess.prefetch.stream_engine import StreamEngine  # noqa: E402
 from tests.graph_double import CaptureStreams, Graph  # noqa: E402
@@ -44,9 +46,11 @@ CHUNK, NDRAFT, STEPS, BS = 16, 4, 3, 4       # STEPS - 1 draft decode forwards p
 @pytest.fixture(params=[("flashmla_sparse", "da"), ("flashmla_kv", "dba"), ("flashmla_sparse", "none")],
                 ids=["flashmla_sparse-da", "flashmla_kv-dba", "flashmla_sparse-none"])
 def draft_fakes(request, ess_env, monkeypatch):
-    """make() -> (extend backend, step backends, runner, streams): EAGLE's draft runner (one layer) with the
-    CUDA class's draft-extend backend and its per-step decode backends (as SGLang's multi-step container
-    builds them), its store on CaptureStreams. flashmla_kv: FP8 656-byte rows."""
+    """make(container=None) -> (extend backend, multi-step container, runner, streams): EAGLE's draft runner (one
+    layer) with the CUDA class's draft-extend backend and the multi-step draft container (ESS's unless
+    `container` names another class) whose per-step decode backends are ESS's CUDA class, its store on
+    CaptureStreams. flashmla_kv: FP8 656-byte rows."""
+    from sglang.srt.layers.attention import dsa_backend
     from sglang.srt.runtime_context import get_parallel
 
     impl, level = request.param
@@ -55,20 +59,25 @@ def draft_fakes(request, ess_env, monkeypatch):
                               speculative_algorithm="EAGLE", speculative_num_draft_tokens=NDRAFT,
                               speculative_eagle_topk=1, speculative_num_steps=STEPS)
     monkeypatch.setattr(flashtrans, "copy_rows_torch", copy_rows_static)   # FlashTrans with static shapes
+    cls = backend_class()
+    sglangs = dsa_backend.DeepseekSparseAttnMultiStepBackend
+    ours = multistep_class()
+    monkeypatch.setattr(dsa_backend, "DeepseekSparseAttnBackend", cls)     # what cuda_backend's REPLACE does
 
-    def make():
+    def make(container=None):
         req_pool, alloc = fr.shared_pools()
         draft = cuda_runner(req_pool, alloc, 1, fp8_pool=impl == "flashmla_kv")
         draft.is_draft_worker = True
-        cls = backend_class()
         bd = cls(draft, skip_prefill=False)
-        steps = [cls(draft, speculative_step_id=i, topk=1, speculative_num_steps=STEPS) for i in range(STEPS - 1)]
+        ms = (container or ours)(draft, topk=1, speculative_num_steps=STEPS)
+        assert all(type(s) is cls for s in ms.attn_backends) and len(ms.attn_backends) == STEPS - 1
         store = bd.ess.store
         rt = CaptureStreams(seed=7)
         store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=rt, zero_backend="torch")
         store.resolver_backend = "torch"
         bd.ess.validate = False                          # as on CUDA (the fake's device is the CPU)
-        return bd, steps, draft, rt
+        return bd, ms, draft, rt
+    make.sglangs = sglangs
     with get_parallel().override(attn_dcp_rank=0):
         yield make
     ov.restore()
@@ -100,54 +109,51 @@ def _batch(rows, seq, loc):
 
 
 class CapturedDraft:
-    """SGLang's draft graph runner, reduced to what the step backends see: static buffers of BS rows (request
+    """SGLang's draft graph runner, reduced to what the draft backends see: static buffers of BS rows (request
     rows, committed lengths, each step's write locations), one batch object the steps run with (SGLang's
-    draft_forward swaps its out_cache_loc per step), every draft step captured in one graph."""
+    draft_forward swaps its out_cache_loc per step), the multi-step container's graph hooks, every draft step's
+    forward_decode captured in one graph."""
 
-    def __init__(self, steps, runner):
-        self.steps, self.runner = steps, runner
+    def __init__(self, ms, runner):
+        self.ms, self.steps, self.runner = ms, ms.attn_backends, runner
         self.req_pool_indices = torch.zeros(BS, dtype=torch.int64)
         self.seq_lens = torch.ones(BS, dtype=torch.int64)             # SGLang's fill value for padding rows
         self.locs = torch.zeros(STEPS - 1, BS, dtype=torch.int64)
-        self.q = [torch.zeros(BS, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in steps]
-        self.topk = [torch.full((BS, fr.TOPK), -1, dtype=torch.int32) for _ in steps]
+        self.q = [torch.zeros(BS, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in self.steps]
+        self.topk = [torch.full((BS, fr.TOPK), -1, dtype=torch.int32) for _ in self.steps]
         fb = _batch([0] * BS, [1] * BS, torch.zeros(BS, dtype=torch.int64))
         fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu = self.req_pool_indices, self.seq_lens, self.seq_lens
+        fb.out_cache_loc = self.locs.reshape(-1)                      # SGLang's: every step's locations
         self.fb = fb
         self.outs: list[torch.Tensor] = []
 
-    @property
-    def ess(self):
-        return self.steps[0].ess
-
-    def _metadata(self, fb, in_capture=False):
-        """SGLang's own DSA metadata prep of every step backend (what its multi-step container runs)."""
-        base = type(self.steps[0]).__mro__[1]
-        for s in self.steps:
-            base.init_forward_metadata_out_graph(s, fb, in_capture=in_capture)
-
     def forward(self) -> list[torch.Tensor]:
+        """SGLang's draft_forward as the attention backends see it: per step, the batch's out_cache_loc set to
+        the step's locations, then the step backend's forward_decode."""
         outs = []
         for i, s in enumerate(self.steps):
             self.fb.out_cache_loc = self.locs[i]
-            s.ess.fence_host(0)                          # as forward_decode fences the layer first
-            outs.append(graph_draft(s._forward, self.q[i], cuda_layer(0), self.fb,
-                                    s._pad_topk_indices(self.topk[i], BS)))
+            outs.append(s.forward_decode(self.q[i], None, None, cuda_layer(0), self.fb, save_kv_cache=False,
+                                         topk_indices=self.topk[i]))
+        self.fb.out_cache_loc = self.locs.reshape(-1)
         return outs
 
     def capture(self, graph: Graph, forward=None) -> None:
-        for s in self.steps:
-            s.init_cuda_graph_state(BS, BS)
-        self._metadata(self.fb, in_capture=True)
-        self.ess.graph_capture_batch(BS)
+        """SGLang's capture of one size (eagle_draft_cuda_graph_runner: the container's hooks)."""
+        self.ms.init_cuda_graph_state(BS, BS)
+        self.ms.init_forward_metadata_out_graph(self.fb, in_capture=True)
         run = forward or self.forward
+        warmup = getattr(self.ms, "on_after_cuda_graph_warmup", None)
         for _ in range(2):                               # SGLang's two warm-up runs (eager, padding rows only)
+            self.ms.init_forward_metadata_in_graph(self.fb)
             run()
-            self.ess.graph_capture()
+            if warmup is not None:
+                warmup()
         self.outs = graph.capture(run)
 
     def load(self, rows, committed, q, topk, gen):
-        """The real rows first, the padded tail reset (0; seq_lens 1); padding rows' queries and top-k junk."""
+        """SGLang's replay: the real rows first, the padded tail reset (0; seq_lens 1), padding rows' queries and
+        top-k junk; then the container's replay hook with SGLang's view (num_padding)."""
         n, r2t = len(rows), self.runner.req_to_token_pool.req_to_token
         self.req_pool_indices.zero_()
         self.seq_lens.fill_(1)
@@ -160,12 +166,9 @@ class CapturedDraft:
             self.q[i][:n] = q[i]
             self.topk[i].copy_(torch.randint(0, 40, self.topk[i].shape, generator=gen, dtype=torch.int32))
             self.topk[i][:n] = topk[i]
-        view = SimpleNamespace(batch_size=BS, num_padding=BS - n, forward_mode=self.fb.forward_mode,
-                               actual_forward_mode=self.fb.forward_mode, req_pool_indices=self.req_pool_indices,
-                               seq_lens=self.seq_lens, seq_lens_cpu=self.seq_lens, out_cache_loc=self.locs[0],
-                               spec_info=self.fb.spec_info, seq_lens_sum=int(self.seq_lens.sum()))
-        self._metadata(view)
-        self.ess.graph_replay(None, BS, n)
+        view = SimpleNamespace(**vars(self.fb), num_padding=BS - n)
+        view.seq_lens_sum = int(self.seq_lens.sum())
+        self.ms.init_forward_metadata_out_graph(view)
 
 
 def _state(ess):
@@ -180,11 +183,12 @@ def _state(ess):
 
 def test_gpu_fake_captured_eagle_draft_steps_replay_as_their_eager_twins_bit_for_bit(draft_fakes):
     make = draft_fakes
-    (gbd, gsteps, grun, grt), (ebd, esteps, erun, ert) = make(), make()
+    (gbd, gms, grun, grt), (ebd, ems, erun, ert) = make(), make()
+    esteps = ems.attn_backends
     rows, prompts = [1, 7, 3], [150, 90, 200]             # row 7: the last request row
     for bd, run in ((gbd, grun), (ebd, erun)):
         _prefill(bd, run, rows, prompts, torch.Generator().manual_seed(61))
-    step = CapturedDraft(gsteps, grun)
+    step = CapturedDraft(gms, grun)
     graph = Graph(grt)
     step.capture(graph)
     gen = torch.Generator().manual_seed(62)
@@ -232,28 +236,51 @@ def test_gpu_fake_captured_eagle_draft_steps_replay_as_their_eager_twins_bit_for
     assert ebd.ess.plans_late == sum(plans(len(b)) for b, _ in schedule) * (STEPS - 1)
 
 
-def test_gpu_fake_the_eager_draft_step_is_not_graph_safe(draft_fakes):
-    """Why a draft graph needs graph_draft: the eager draft step (forward_decode) decides its real rows on the
-    host once per batch (padding.py), so a capture freezes the warm-up's answer (padding only) and every
+def test_gpu_fake_a_replay_counts_the_draft_steps_host_writes(draft_fakes):
+    """SGLang's writer stores one latent row per real request, layer and draft step inside the graph: the
+    container's replay hook counts them (n_real x the captured steps), as the eager path counts each step's."""
+    bd, ms, runner, rt = draft_fakes()
+    gen = torch.Generator().manual_seed(64)
+    _prefill(bd, runner, [1, 2], [120, 80], gen)
+    step = CapturedDraft(ms, runner)
+    step.capture(Graph(rt))
+    counters = bd.ess.store.counters
+    before = counters.snapshot()["bytes_d2h"]
+    step.load([1, 2], [120, 80], [fr.query(gen, 2) for _ in ms.attn_backends],
+              [fr.causal_topk(gen, [119, 79]) for _ in ms.attn_backends], gen)
+    after = counters.snapshot()["bytes_d2h"]
+    assert after - before == 2 * (STEPS - 1) * bd.ess.row_bytes, (before, after)
+
+
+def test_gpu_fake_sglangs_own_draft_container_is_refused_at_capture(draft_fakes):
+    """Why ESS replaces SGLang's multi-step container: SGLang's hands its steps a DECODE view at capture, not the
+    batch they run with, and calls none of their hooks before a replay. A capture through it is refused at once,
+    naming the fix, instead of capturing the eager step."""
+    bd, ms, runner, rt = draft_fakes(container=draft_fakes.sglangs)
+    assert type(ms) is draft_fakes.sglangs
+    _prefill(bd, runner, [1, 2], [100, 70], torch.Generator().manual_seed(65))
+    with pytest.raises(RuntimeError, match="SGLang's own DeepseekSparseAttnMultiStepBackend"):
+        CapturedDraft(ms, runner).capture(Graph(rt))
+
+
+def test_gpu_fake_without_the_containers_registration_the_captured_draft_serves_nobody(draft_fakes, monkeypatch):
+    """The negative control of the dispatch: the same capture with the container's registration of the capture
+    batch removed. Each step's forward_decode then takes the eager draft step, which decides its real rows on the
+    host once per batch (padding.py), so the capture freezes the warm-up's answer (padding only) and every
     replay serves nobody."""
-    bd, steps, runner, rt = draft_fakes()
+    from sgl_ess.integration.sglang.backends.cuda_graph import GraphBatches
+
+    monkeypatch.setattr(GraphBatches, "add", lambda self, fb: None)
+    bd, ms, runner, rt = draft_fakes()
     gen = torch.Generator().manual_seed(63)
     _prefill(bd, runner, [1, 2], [100, 70], gen)
-    step = CapturedDraft(steps, runner)
-
-    def eager():
-        outs = []
-        for i, s in enumerate(steps):
-            step.fb.out_cache_loc = step.locs[i]
-            outs.append(s.forward_decode(step.q[i], None, None, cuda_layer(0), step.fb, save_kv_cache=False,
-                                         topk_indices=step.topk[i]))
-        return outs
+    step = CapturedDraft(ms, runner)
     graph = Graph(rt)
-    step.capture(graph, forward=eager)
+    step.capture(graph)
     r2t = runner.req_to_token_pool.req_to_token
     _write(runner, torch.cat([r2t[r, c:c + NDRAFT] for r, c in ((1, 100), (2, 70))]).long(), gen)
-    step.load([1, 2], [100, 70], [fr.query(gen, 2) for _ in steps],
-              [fr.causal_topk(gen, [99, 69]) for _ in steps], gen)
+    step.load([1, 2], [100, 70], [fr.query(gen, 2) for _ in ms.attn_backends],
+              [fr.causal_topk(gen, [99, 69]) for _ in ms.attn_backends], gen)
     graph.replay()
     for out in step.outs:
         assert not out.any(), "the captured eager draft step served a request"

@@ -3,8 +3,10 @@ graph and replayed, through SGLang's own graph hooks on the backend (``init_cuda
 ``init_forward_metadata_out_graph`` before the capture and before each replay, ``on_after_cuda_graph_warmup``),
 on the H200 default (FP8 656-byte rows, flashmla_kv: SGLang's decode kernel over the store's slot table).
 
-The captured step is ``cuda_graph.graph_verify``: the store's union over the whole padded batch, padding
-requests -1 found on the device, committed lengths read from the device. The graph is tests/graph_double.py's
+The step is captured through the backend's ``forward_extend`` (as SGLang's model runs it), which for a
+capture batch (one handed to ``init_forward_metadata_out_graph`` with ``in_capture=True``) dispatches to
+``cuda_graph.graph_verify`` (``StoreForward._extend_graph``): the store's union over the whole padded batch,
+padding requests -1 found on the device, committed lengths read from the device. The graph is tests/graph_double.py's
 (ops recorded once, replayed on the same tensors, no Python of ours at replay; a capture refuses host reads,
 data-dependent shapes, host values copied in, and side-stream work it did not fork and join: CaptureStreams).
 
@@ -15,9 +17,9 @@ admission frontier and counters. Requests change between replays as SGLang's do:
 rows), different accept lengths, rows in another order. Two hot-buffer sizes: the union of the draft tokens'
 top-k sets fits the hot buffer, or overflows it (overflow rows through the MTP scratch rows).
 
-What is not wired yet: the backend's forward_extend still runs the eager verify for a graph batch
-(store_forward.StoreForward.verify does not dispatch to graph_verify), so the launcher keeps refusing MTP with
---ess-cuda-graph; the last test shows that eager path is refused by a capture.
+The negative control: a batch the backend was not told is a capture batch takes the eager verify, which the
+capture refuses (it reads the committed lengths on the host). Checked on CPU with the graph double only; no
+TARGET_VERIFY step of ESS has been captured on a GPU.
 """
 
 from types import SimpleNamespace
@@ -28,7 +30,6 @@ import torch
 pytest.importorskip("sglang")
 
 from sgl_ess.integration.sglang.backends.cuda_backend import backend_class  # noqa: E402
-from sgl_ess.integration.sglang.backends.cuda_graph import graph_verify  # noqa: E402
 from sgl_ess.kernels import flashtrans  # noqa: E402
 from sgl_ess.prefetch.stream_engine import StreamEngine  # noqa: E402
 from tests.graph_double import CaptureStreams, Graph, GraphCaptureError  # noqa: E402
@@ -116,21 +117,23 @@ class CapturedVerify:
         self.outs: list[torch.Tensor] = []
 
     def forward(self) -> list[torch.Tensor]:
-        outs = []
-        for li in range(LAYERS):
-            self.backend.ess.fence_host(li)          # as forward_extend fences each layer first
-            outs.append(graph_verify(self.backend._forward, self.q[li], cuda_layer(li), self.fb, self.topk[li]))
-        return outs
+        """The model's attention calls of one TARGET_VERIFY step: the backend's forward_extend per layer."""
+        return [self.backend.forward_extend(self.q[li], None, None, cuda_layer(li), self.fb, save_kv_cache=False,
+                                            topk_indices=self.topk[li]) for li in range(LAYERS)]
 
-    def capture(self, graph: Graph, forward=None) -> None:
+    def capture(self, graph: Graph, in_capture: bool = True) -> None:
+        """SGLang's capture of one size. `in_capture` False: the batch's metadata prepared as for an eager
+        batch (SGLang's init_forward_metadata), so the backend is never told it is a capture batch."""
         b = self.backend
         b.init_cuda_graph_state(BS, BS * NDRAFT)
-        b.init_forward_metadata_out_graph(self.fb, in_capture=True)
-        run = forward or self.forward
+        if in_capture:
+            b.init_forward_metadata_out_graph(self.fb, in_capture=True)
+        else:
+            b.init_forward_metadata(self.fb)
         for _ in range(2):                           # SGLang's two warm-up runs (eager, padding rows only)
-            run()
+            self.forward()
             b.on_after_cuda_graph_warmup()
-        self.outs = graph.capture(run)
+        self.outs = graph.capture(self.forward)
 
     def load(self, rows, committed, q, topk, gen):
         """SGLang's load_batch: the real requests first, the padded tail reset (0; seq_lens 1). The padding
@@ -235,18 +238,15 @@ def test_gpu_fake_a_replay_counts_the_verify_windows_host_writes(mtp_fakes):
     assert after - before == 2 * NDRAFT * LAYERS * backend.ess.row_bytes, (before, after)
 
 
-def test_gpu_fake_the_eager_verify_path_is_refused_by_a_capture(mtp_fakes):
-    """Why a TARGET_VERIFY graph needs graph_verify: the eager verify (forward_extend) reads the committed
-    lengths on the host and copies them into the step (torch.tensor of host data), which a capture refuses."""
+def test_gpu_fake_a_verify_batch_not_announced_as_a_capture_batch_is_refused_by_the_capture(mtp_fakes):
+    """The negative control of the dispatch: the same forward_extend calls on a batch the backend was not told
+    is a capture batch (no init_forward_metadata_out_graph(in_capture=True)) take the eager verify, which reads
+    the committed lengths on the host and copies host data into the step: a capture refuses it."""
     backend, runner, rt = mtp_fakes()
     _prefill(backend, runner, [1, 2], [100, 70], torch.Generator().manual_seed(55))
     step = CapturedVerify(backend, runner)
-
-    def eager():
-        return [backend.forward_extend(step.q[li], None, None, cuda_layer(li), step.fb, save_kv_cache=False,
-                                       topk_indices=step.topk[li]) for li in range(LAYERS)]
     with pytest.raises(GraphCaptureError, match="host value|host read"):
-        step.capture(Graph(rt), forward=eager)
+        step.capture(Graph(rt), in_capture=False)
 
 
 def test_gpu_fake_a_replay_whose_window_locations_are_out_of_step_asserts_on_the_device(mtp_fakes):

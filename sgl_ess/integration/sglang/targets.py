@@ -28,6 +28,7 @@ WEIGHTS_GROUP_INIT = "sglang.srt.model_executor.model_runner_components.weight_u
 SEND_GROUP_INIT = "sglang.srt.model_executor.model_runner_components.weight_exporter.init_custom_process_group"
 REMOTE_GROUP_INIT = "sglang.srt.connector.remote_instance.init_custom_process_group"
 DSA_BACKEND_CLASS = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
+DSA_MULTISTEP_CLASS = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
 INDEXER_FORWARD_CUDA = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda"
 POOL_CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
 POOL_BUDGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes"
@@ -109,6 +110,8 @@ PATCHED = {
     BATCH_INVARIANT_MODE: "AROUND: without CUDA/XPU, deterministic mode skips SGLang's GPU-only batch-invariant "
                           "kernels (seeded sampling stays on)",
     DSA_BACKEND_CLASS: "REPLACE (CUDA, ESS on): SGLang's DSA backend subclass whose decode reads the slot space",
+    DSA_MULTISTEP_CLASS: "REPLACE (CUDA, ESS on): its EAGLE draft container's subclass that gives ESS the draft "
+                         "graph's capture batch, warm-ups and replays (cuda_multistep.py)",
     INDEXER_FORWARD_CUDA: "AROUND (CUDA, ESS on): submit a decode batch's miss fetch right after its top-k",
     POOL_CELL_SIZE: "AROUND (CUDA, ESS on): price a token's GPU bytes without its latent row (it lives on the host)",
     POOL_BUDGET: "AROUND (CUDA, ESS on): take the ESS store's device bytes out of SGLang's pool budget",

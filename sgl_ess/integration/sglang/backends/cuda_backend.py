@@ -31,9 +31,10 @@ prefill: the prefill rows run SGLang's extend kernel (the riding decode rows' to
 the riding decode rows the store's decode path. A decode step reads nothing back to the host (padding rows from SGLang's
 count of real tokens, padding.py; the write-position check a device-side assertion; checked in the
 GPU fake). Decode CUDA graphs are off unless ``--ess-cuda-graph`` (cuda_graph.py: SGLang's capture
-batches take a device-padded decode path, the side streams join the graph at its last layer, and
+batches - target decode, MTP TARGET_VERIFY, EAGLE draft steps through ESS's multi-step container,
+cuda_multistep.py - take device-padded paths, the side streams join the graph at its last layer, and
 ``init_forward_metadata_out_graph`` / ``on_after_cuda_graph_warmup`` order eager work around the
-graph); checked on CPU by a graph double, never captured on a GPU.
+graph; a draft extend capture is refused); checked on CPU by a graph double, never captured on a GPU.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def backend_class():
         spec_role = ROLE_TARGET
         speculative_step_id = 0
         micro_batch_base = 0
+        graph_container = False     # a draft step inside ESS's multi-step container (cuda_multistep.py)
 
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
@@ -114,6 +116,20 @@ def backend_class():
             eager work is ordered ahead of the graph and the replay counted (cuda_graph.py)."""
             super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
             if self._forward is None:
+                return
+            if self.spec_role == ROLE_DRAFT_EXTEND and in_capture:
+                raise RuntimeError("ESS CUDA graphs: SGLang is capturing the EAGLE draft extend (DRAFT_EXTEND_V2) in a "
+                                   "CUDA graph, which ESS does not hold; set SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 "
+                                   "(sgl_ess.launch_server sets it with --ess-cuda-graph and MTP) or drop "
+                                   "--ess-cuda-graph")
+            if self.spec_role == ROLE_DRAFT_DECODE:
+                # a draft step: the multi-step container (cuda_multistep.py) registers the batch the steps run
+                # with and calls the store's hooks once for all steps; SGLang's own container hands a view here
+                if in_capture and not self.graph_container:
+                    raise RuntimeError("ESS CUDA graphs: an EAGLE draft step is captured through SGLang's own "
+                                       "DeepseekSparseAttnMultiStepBackend, whose capture batch and replays ESS "
+                                       "cannot see; ESS's subclass (cuda_multistep.py, installed by "
+                                       "cuda_backend.register) must replace it")
                 return
             if in_capture:
                 self.ess.graph_capture_batch(int(forward_batch.batch_size))
@@ -321,6 +337,9 @@ def register() -> None:
     from .. import targets
 
     HookRegistry.register(targets.DSA_BACKEND_CLASS, backend_class(), HookType.REPLACE)
+    from .cuda_multistep import multistep_class
+
+    HookRegistry.register(targets.DSA_MULTISTEP_CLASS, multistep_class(), HookType.REPLACE)
     HookRegistry.register(targets.INDEXER_FORWARD_CUDA, _around_indexer_forward_cuda, HookType.AROUND)
     from ..pools import cuda_memory
 

@@ -18,22 +18,24 @@ every batch of its size:
 Which forward batches are graph batches: the ones SGLang hands to ``init_forward_metadata_out_graph``
 with ``in_capture=True`` (its capture batches); every other batch takes the eager path.
 
-Which steps are captured (issue 35 item 3):
-  * target decode (no MTP, no TBO): captured and served (``StoreForward._decode_graph``);
+Which steps are captured (issue 35 item 3), each through SGLang's own graph hooks on the backend:
+  * target decode (no MTP, no TBO): ``StoreForward._decode_graph``;
   * MTP TARGET_VERIFY (SGLang's decode graph runner with capture mode TARGET_VERIFY, bs requests x n
-    draft tokens): the capturable step is ``graph_verify`` below (padding requests -1 through the store's
-    admission, union plan and slot table, committed lengths from the device), checked against its eager
-    twin bit for bit (tests/integration/test_cuda_graph_verify_gpu_fake.py). NOT WIRED: the backend's
-    ``forward_extend`` still runs the eager verify for a graph batch (``StoreForward.verify`` does not call
-    ``graph_verify``), so the launcher still refuses MTP with --ess-cuda-graph;
+    draft tokens): the backend's ``forward_extend`` of a capture batch goes to ``graph_verify`` below
+    (``StoreForward._extend_graph``: padding requests -1 through the store's admission, union plan and
+    slot table, committed lengths from the device);
   * EAGLE draft decode steps (SGLang's draft graph runner: every step of the multi-step draft forward in one
-    graph): the capturable step is ``graph_draft`` below (``decode_committed`` with padding rows -1), checked
-    against its eager twin bit for bit (tests/integration/test_cuda_graph_draft_gpu_fake.py). NOT WIRED:
-    ``StoreForward._decode_graph`` refuses a draft step's graph batch, and SGLang's
-    ``DeepseekSparseAttnMultiStepBackend`` hands its step backends a DECODE view at capture (not the batch
-    the steps run with) and calls none of their hooks before a replay, so ESS's replay hook would not run;
-  * TBO micro-batches, speculative prefetch, a shared host pool, split fetch, DRAFT_EXTEND_V2: not captured
-    (refused by the launcher; the store options again by ``EssPoolAdapter._check_graph_mode``).
+    graph): each step's ``forward_decode`` of the capture batch goes to ``graph_draft`` below
+    (``decode_committed`` with padding rows -1). SGLang's ``DeepseekSparseAttnMultiStepBackend`` hands its
+    step backends a DECODE view at capture (not the batch the steps run with) and calls none of their hooks
+    before a replay or after a warm-up, so ESS replaces it by a subclass (cuda_multistep.py) that registers
+    the capture batch with every step and calls the store's capture, warm-up and replay hooks once;
+  * TBO micro-batches, speculative prefetch, a shared host pool, split fetch, the EAGLE draft extend
+    (DRAFT_EXTEND_V2, which SGLang captures for the DSA backend unless SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH):
+    not captured (refused by the launcher, the draft extend again by the backend at capture, the store
+    options by ``EssPoolAdapter._check_graph_mode``).
+Each captured step is checked on CPU against its eager twin, bit for bit, with the graph double
+(tests/integration/test_cuda_graph*_gpu_fake.py); none has been captured on a GPU.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def graph_draft(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor, 
     if layer.layer_id == 0:         # step i writes its (speculative) row at position seq_len + i
         assert_write_positions(forward_batch.out_cache_loc[:bs], reqs, seq_lens + b.speculative_step_id, 1, fwd.r2t,
                                "EAGLE draft decode step")
+        fwd.ess.graphs.note_width(b.speculative_step_id + 1)   # a replay of steps 0..i writes i + 1 rows per request
     q3 = q.reshape(bs, layer.tp_q_head_num, fwd.kv_lora_rank + fwd.rope_dim)
     out = fwd.ess.decode_committed(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk, fwd.r2t,
                                    fwd.attend_slots(layer, sink), max_admit=num_draft_tokens(forward_batch),

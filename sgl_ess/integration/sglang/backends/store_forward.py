@@ -16,9 +16,10 @@ verifying and closing hot buffers happen here, once.
   decode                   reserve the newest row, plan, land, attend over the slot space, commit
                            (``EssPoolAdapter.decode``); an EAGLE draft step reads committed rows only
 SGLang's padding rows (DP attention, TBO children, an idle DP rank's fabricated extend: padding.py)
-never reach the store: they are cut off before it is called and their outputs are zero. A decode
-graph's batch (--ess-cuda-graph, cuda_graph.py) is not cut on the host: its padding rows go to the
-store as request row -1, found on the device, and touch nothing.
+never reach the store: they are cut off before it is called and their outputs are zero. A graph's
+batch (--ess-cuda-graph, cuda_graph.py: target decode, MTP TARGET_VERIFY, EAGLE draft decode steps) is
+not cut on the host: its padding rows go to the store as request row -1, found on the device, and
+touch nothing.
 Learnable attention sinks (Hunyuan V4, `sink` float [H] per layer, None for other models) reach every
 path: the prefill and MTP kernels get them (``sink=``); a decode's partial attentions (DA / DBA) run
 without them and the sink is added once after their log-sum-exp merge (``overlap.SinkAttend``), unless the
@@ -36,7 +37,7 @@ import torch
 
 from sgl_ess.attention.overlap import SinkAttend
 
-from .cuda_graph import GraphBatches, graph_rows
+from .cuda_graph import GraphBatches, graph_draft, graph_rows, graph_verify
 from .padding import real_rows
 from .query_layout import ROLE_DRAFT_DECODE, ROLE_TARGET, QueryLayout, num_draft_tokens, query_layout
 
@@ -168,6 +169,8 @@ class StoreForward:
     def extend(self, q, layer, forward_batch, topk: torch.Tensor, sink: torch.Tensor | None = None) -> torch.Tensor:
         """Any EXTEND-family forward. q [T, H*D]; topk int [T, k] positions; sink float [H] (the layer's
         learnable sink logits) or None. Returns [T, H*R]."""
+        if forward_batch in self.graph_batches:      # before any host read: a capture would refuse it
+            return self._extend_graph(q, layer, forward_batch, topk, sink)
         lay = self.layout(forward_batch)
         real = real_rows(forward_batch)
         mode = forward_batch.forward_mode
@@ -186,6 +189,16 @@ class StoreForward:
         if n:
             self.after_prefill(layer, reqs.tolist()[:n], lay.kv_lens[:n], lay.n_q[:n], topk[:real.n_tok])
         return out
+
+    def _extend_graph(self, q, layer, forward_batch, topk, sink=None) -> torch.Tensor:
+        """An EXTEND-family step SGLang captures in a CUDA graph: only the target's TARGET_VERIFY (SGLang's
+        decode graph runner in capture mode TARGET_VERIFY) is held, by cuda_graph.graph_verify."""
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify() and self.backend.spec_role == ROLE_TARGET and not self.backend.micro_batch_base:
+            return graph_verify(self, q, layer, forward_batch, topk, sink)
+        raise RuntimeError(f"ESS CUDA graphs: SGLang captures a {mode.name} step of the {self.backend.spec_role} "
+                           "backend, which ESS does not hold (captured: target decode, MTP TARGET_VERIFY, EAGLE draft "
+                           "decode steps; not TBO children or the draft extend); drop --ess-cuda-graph to run eager")
 
     def verify(self, q, layer, forward_batch, topk, lay: QueryLayout, sink=None):
         """TARGET_VERIFY / DRAFT_EXTEND_V2: each request's n query tokens sit at committed ..
@@ -293,11 +306,16 @@ class StoreForward:
 
     def _decode_graph(self, q, layer, forward_batch, topk, sink=None) -> torch.Tensor:
         """A decode step SGLang captures in a CUDA graph: the whole padded batch, padding rows -1
-        (found on the device), the same launches whatever the batch holds; their outputs zero."""
+        (found on the device), the same launches whatever the batch holds; their outputs zero. An EAGLE
+        draft step (SGLang's draft graph runner: every step of the multi-step draft forward in one graph)
+        goes through cuda_graph.graph_draft."""
         b = self.backend
+        if b.spec_role == ROLE_DRAFT_DECODE:
+            return graph_draft(self, q, layer, forward_batch, topk, sink)
         if b.spec_role != ROLE_TARGET or b.micro_batch_base:
             raise RuntimeError("ESS decode CUDA graphs: only the target model's decode without Two-Batch Overlap "
-                               "is captured (the launcher refuses MTP and TBO with --ess-cuda-graph)")
+                               "and the EAGLE draft steps are captured (the launcher refuses TBO with "
+                               "--ess-cuda-graph)")
         reqs = graph_rows(forward_batch)
         out = self._decode(q, layer, forward_batch, topk, reqs.shape[0], graph_reqs=reqs, sink=sink)
         return out.masked_fill((reqs < 0).unsqueeze(1), 0)

@@ -1,5 +1,7 @@
 """Host-pool sizing against host memory, and the launcher's defaults for ESS on a GPU (pure
 functions: they run before SGLang or torch are imported, so a CPU machine can check them)."""
+import os
+
 import pytest
 
 from sgl_ess.config import build_config
@@ -96,7 +98,8 @@ def test_decode_graphs_with_ess_need_the_ess_flag():
 
 
 @pytest.mark.parametrize("argv,flags,env,why", [
-    (["--speculative-algorithm", "EAGLE"], {}, {}, "MTP"),
+    (["--speculative-algorithm", "EAGLE"], {}, {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "0"},
+     "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=0"),
     (["--enable-two-batch-overlap"], {}, {}, "TBO"),
     ([], {"prefetch_engine": "worker"}, {}, "--ess-prefetch-engine worker"),
     ([], {"speculative_prefetch": "next_layer"}, {}, "--ess-speculative-prefetch"),
@@ -125,6 +128,31 @@ def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, fla
     # decode graphs turned off by a flag: --ess-cuda-graph has no effect, nothing is refused for it
     for off in (["--cuda-graph-backend-decode", "disabled"], ["--disable-cuda-graph"]):
         out, _ = ld.fill_defaults([*off, *argv], _cfg(cuda_graph="true", **flags), has_cuda=True)
+
+
+@pytest.mark.parametrize("algo", ["EAGLE", "NEXTN"])
+def test_ess_cuda_graph_serves_mtp_with_the_draft_extend_eager(monkeypatch, algo):
+    """MTP with --ess-cuda-graph (issue 35 item 3): accepted, with its TARGET_VERIFY and draft decode steps
+    captured (tests/integration/test_cuda_graph_{verify,draft}_gpu_fake.py) and SGLang's draft-extend graph,
+    which ESS does not hold, turned off unless the user chose; a choice of 1 is kept, 0 refused (the table
+    above). Other refusals still hold with MTP."""
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
+                                                                              "MemAvailable": 40 * GB})
+    env = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
+    mtp = ["--speculative-algorithm", algo, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+           "--speculative-num-draft-tokens", "4"]
+    monkeypatch.delenv(env, raising=False)
+    out, _ = ld.fill_defaults(mtp, _cfg(cuda_graph="true"), has_cuda=True)
+    assert os.environ[env] == "1"
+    assert ld.decode_graphs_on(out) and av.flag_value(out, "--cuda-graph-backend-prefill") == "disabled"
+    monkeypatch.setenv(env, "true")
+    ld.fill_defaults(mtp, _cfg(cuda_graph="true"), has_cuda=True)
+    assert os.environ[env] == "true"
+    with pytest.raises(PreflightError, match="TBO"):
+        ld.fill_defaults([*mtp, "--enable-two-batch-overlap"], _cfg(cuda_graph="true"), has_cuda=True)
+    monkeypatch.delenv(env)
+    ld.fill_defaults(mtp, _cfg(), has_cuda=True)       # no --ess-cuda-graph: SGLang's env left alone
+    assert env not in os.environ
 
 
 def test_an_explicit_pool_larger_than_host_memory_stops_the_launch(monkeypatch):

@@ -184,14 +184,27 @@ def decode_graphs_on(argv: list[str]) -> bool:
     return decode not in (None, "disabled") or (decode is None and not has_flag(argv, "--disable-cuda-graph"))
 
 
+DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
+
+
 def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
     """--ess-cuda-graph with decode graphs on: refuse what a replayed graph cannot hold - options whose
     per-step state lives on the host (pools/pool_adapter._check_graph_mode checks the store again) and
-    SGLang modes whose graphs ESS does not capture."""
+    SGLang modes whose graphs ESS does not capture. MTP (EAGLE / NextN) is captured: the target's
+    TARGET_VERIFY and the draft's decode steps (backends/cuda_graph.py); the draft extend is not, so unless
+    the user set it, ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1`` is put into `environ` (SGLang then runs that
+    step eager), and a value turning it back on is refused."""
     why = []
     if flag_value(argv, "--speculative-algorithm") not in (None, "", "NONE", "none"):
-        why.append("MTP (--speculative-algorithm): ESS's verify and draft steps are capturable (cuda_graph.graph_verify, "
-                   "graph_draft) but not yet wired into the backend's graph forwards")
+        off = environ.get(DRAFT_EXTEND_GRAPH_OFF)
+        if off is None:
+            environ[DRAFT_EXTEND_GRAPH_OFF] = "1"
+            logger.info("--ess-cuda-graph with MTP: target verify and draft decode steps are captured; the EAGLE draft "
+                        "extend runs eager (%s=1)", DRAFT_EXTEND_GRAPH_OFF)
+        elif str(off).lower() not in ENV_TRUE:
+            why.append(f"MTP with {DRAFT_EXTEND_GRAPH_OFF}={off}: SGLang would capture the EAGLE draft extend "
+                       "(DRAFT_EXTEND_V2), which ESS does not hold; unset it or set it to 1 (that step then runs "
+                       "eager)")
     if has_flag(argv, "--enable-two-batch-overlap"):
         why.append("--enable-two-batch-overlap: TBO children are not captured with ESS")
     if has_flag(argv, "--debug-cuda-graph"):

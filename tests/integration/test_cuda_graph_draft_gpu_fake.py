@@ -128,8 +128,10 @@ class CapturedDraft:
         self.outs: list[torch.Tensor] = []
 
     def forward(self) -> list[torch.Tensor]:
-        """SGLang's draft_forward as the attention backends see it: per step, the batch's out_cache_loc set to
-        the step's locations, then the step backend's forward_decode."""
+        """SGLang's run_once as the attention backends see it: the container's in-graph metadata hook, then
+        draft_forward: per step, the batch's out_cache_loc set to the step's locations and the step backend's
+        forward_decode."""
+        self.ms.init_forward_metadata_in_graph(self.fb)
         outs = []
         for i, s in enumerate(self.steps):
             self.fb.out_cache_loc = self.locs[i]
@@ -145,7 +147,6 @@ class CapturedDraft:
         run = forward or self.forward
         warmup = getattr(self.ms, "on_after_cuda_graph_warmup", None)
         for _ in range(2):                               # SGLang's two warm-up runs (eager, padding rows only)
-            self.ms.init_forward_metadata_in_graph(self.fb)
             run()
             if warmup is not None:
                 warmup()

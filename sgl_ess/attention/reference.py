@@ -60,7 +60,8 @@ def with_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor | None):
     s = sink.to(device=lse.device, dtype=lse.dtype).reshape(1, -1).expand_as(lse)
     total = torch.logaddexp(lse, s)
     w = torch.exp(lse - total)                       # 0 where lse = -inf
-    return out * w.unsqueeze(-1).to(out.dtype), torch.where(torch.isneginf(lse), lse, total)
+    # the weight stays in lse's precision: one rounding of the product to out's dtype, not a BF16 weight too
+    return (out * w.unsqueeze(-1)).to(out.dtype), torch.where(torch.isneginf(lse), lse, total)
 
 
 def split_sparse_mla_decode(q, rows, slots, hit, layout: LatentLayout, sm_scale: float):

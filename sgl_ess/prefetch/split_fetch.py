@@ -13,9 +13,14 @@ j = 0..V-1, and entry j belongs to rank j % tp at exchange row j // tp - every r
 numbering from the same plan, so nobody needs another rank's counts. Only the misses are exchanged (issue
 32: the exchange carried all b * k plan entries, 86 MB per layer at b 64, k 2048, most of them hits):
 `cap` exchange rows per rank, static shapes. On host engines cap = ceil(V / tp), V read on the host (they
-sync there anyway); on device engines V is not known on the host without a sync, so cap is `cap_rows`
-(constructor), or ceil(M / tp) for a plan of M entries (then every miss fits). A miss whose exchange row
-is >= cap is read from host memory by every rank itself: exact whatever the cap. At ``wait`` - where the
+sync there anyway); on device engines V is not known on the host without a sync, so cap comes from the
+store's config: the store a SplitFetch is installed in calls `size_for_store(cfg)` (LatentStore.engine),
+which sets cap = ceil(ring rows per group / tp) - the store's own budget for one plan's misses
+(StoreConfig.ring_slots_per_group: max(k, b * k / 8) rows by default; the store itself sends the misses
+past it straight to their hot slots), so a step exchanges at most that many rows, not b * k (b 64, k 2048:
+16384 rows, 10.7 MB at 656 B, instead of 131072). `cap_rows` (constructor) overrides it; unbound and
+unset, ceil(M / tp) for a plan of M entries (every miss fits). A miss whose exchange row is >= cap is read
+from host memory by every rank itself: exact whatever the cap, no row lost. At ``wait`` - where the
 step needs its rows - this rank's rows are gathered from the slot space into a [cap, row_bytes] buffer,
 the group's collective all-gathers the buffers, and the other ranks' rows are scattered to the same slot
 rows (and, for engines that check ring tags, tagged with the plan's sequence number). Every other plan
@@ -44,7 +49,8 @@ class SplitFetch(FetchEngine):
     def __init__(self, inner: FetchEngine, rank: int, size: int,
                  all_gather: Callable[[torch.Tensor], torch.Tensor], cap_rows: int | None = None):
         """`all_gather(t [n, B] uint8) -> [size, n, B]`: the group's collective (the same on every rank).
-        `cap_rows`: exchange rows per rank on a device engine (the same on every rank; None: every miss)."""
+        `cap_rows`: exchange rows per rank on a device engine (the same on every rank; None: sized by
+        `size_for_store`, else room for every plan entry)."""
         if not 0 <= rank < size or size < 2:
             raise ValueError(f"SplitFetch: rank {rank} of {size}: expected 0 <= rank < size and size >= 2")
         if cap_rows is not None and cap_rows < 1:
@@ -61,6 +67,13 @@ class SplitFetch(FetchEngine):
         self.bytes_exchanged = 0
         self.rows_own = 0 if not inner.ordered_on_device else None      # counted on host engines only
         self.rows_received = 0 if not inner.ordered_on_device else None
+
+    def size_for_store(self, cfg) -> None:
+        """The store this engine serves (a StoreConfig; LatentStore calls this when the engine is installed).
+        A device engine without an explicit `cap_rows` exchanges at most one ring group's rows per plan, split
+        over the ranks: the store's budget for a plan's misses, known on every rank without a host sync."""
+        if self.cap_rows is None and self.inner.ordered_on_device:
+            self.cap_rows = -(-cfg.ring_slots_per_group // self.size)
 
     def __getattr__(self, name):            # the inner engine's own attributes (rt, worker state, ...)
         if name == "inner":

@@ -143,7 +143,7 @@ class LatentStore:
         self.memory = StoreMemory(host=self.host.rows, slots=self.slots.rows, ring_tags=self.slots.ring_tags,
                                   ring_base=self.slots.ring_base, host_segment=self.host.segment,
                                   slot_segment=self.slots.segment)
-        self.engine: FetchEngine = self._make_engine(engine)
+        self.engine = self._make_engine(engine)
         spec_options = spec_options or SpeculativeOptions()
         if speculative != "off" and self._grouped:
             raise ValueError(f"speculative prefetch {speculative!r} with shared-index layers (layer_anchors): the "
@@ -170,6 +170,20 @@ class LatentStore:
         # a writer outside every stream may reuse released host locations (a PD decode node: Mooncake /
         # NIXL write host rows by RDMA): then the release waits for its zeroing on the host (clear_host)
         self.external_host_writer = False
+
+    @property
+    def engine(self) -> FetchEngine:
+        """The fetch engine (replaceable: an engine wrapped later, e.g. prefetch/split_fetch.SplitFetch)."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: FetchEngine) -> None:
+        """Install `engine`; one that sizes per-step buffers from the store (`size_for_store`: SplitFetch's
+        exchange, from the ring's miss budget) is given this store's config."""
+        self._engine = engine
+        size_for_store = getattr(engine, "size_for_store", None)
+        if size_for_store is not None:
+            size_for_store(self.cfg)
 
     def _make_engine(self, name: str) -> FetchEngine:
         on_cuda = self.device.type == "cuda"

@@ -5,8 +5,9 @@ rank fetches the plan entries of its parity from host memory and the group all-g
 every step of every layer equals the all-resident dense reference (the overlap-level test's own check),
 and the two ranks' host reads add up to the rows one rank reads without the split. Issue 32: on host engines
 only the misses cross the collective (counted in bytes; their plans hold only misses already); on a device
-engine a capped exchange (cap_rows) carries fewer rows than the plan's entries and stays exact, the misses
-past the cap read by every rank."""
+engine the exchange is capped - by the store's miss budget (its ring group's rows, set when the store installs
+the engine: no host sync), or by cap_rows - so it carries fewer rows than the plan's b * k entries and stays
+exact, the misses past the cap read by every rank."""
 import os
 import tempfile
 
@@ -20,6 +21,9 @@ from tests.unit.store.test_overlap_levels import LAY
 
 CASES = [("none", "inline", None), ("da", "inline", None), ("dba", "inline", None), ("da", "stream_gpu_fake", None),
          ("da", "worker", None), ("da", "stream_gpu_fake", 3)]
+
+
+RING = 48                   # ring rows per group (StoreConfig.ring_slots): a device engine's exchange budget
 
 
 def _name(mode, engine, cap):
@@ -46,8 +50,8 @@ def _rank_main(rank: int, size: int, init: str, out_dir: str) -> None:
             sf.submit = counting
             split.append(sf)
             return sf
-        snap, _, _ = _run(mode, ring_slots=48, engine=engine, wrap_engine=wrap)    # asserts every step's output
-        whole, _, _ = _run(mode, ring_slots=48, engine=engine)
+        snap, _, _ = _run(mode, ring_slots=RING, engine=engine, wrap_engine=wrap)    # asserts every step's output
+        whole, _, _ = _run(mode, ring_slots=RING, engine=engine)
         stats = split[0].stats()["split_fetch"]
         results[_name(mode, engine, cap)] = {"entries": entries[0], "cap": cap,
             "rows_exchanged": stats["rows_exchanged"], "bytes_exchanged": stats["bytes_exchanged"],
@@ -80,13 +84,14 @@ def test_each_rank_reads_its_share_of_the_misses_and_attends_exactly(ranks, case
         assert a["rows_exchanged"] == 2 * a["cap"] * a["exchanges"] < a["entries"]
         assert a["split_rows"] + b["split_rows"] > whole
         return
+    if a["rows_own"] is None:        # a device engine: the store's miss budget (its ring group, RING rows)
+        assert a["rows_exchanged"] == 2 * -(-RING // 2) * a["exchanges"] < a["entries"]     # not b * k
+        assert a["split_rows"] + b["split_rows"] >= whole      # misses past it read by both ranks: none lost
+        return
     assert a["split_rows"] + b["split_rows"] == whole                   # the host rows, read once over the group
-    if a["rows_own"] is not None:                                       # host engines count the exchange
-        assert a["rows_own"] == a["split_rows"] and a["rows_received"] == b["split_rows"]
-        # issue 32: only the misses cross the collective (each rank's buffer rounded up to a whole row)
-        assert whole <= a["rows_exchanged"] <= whole + 2 * a["exchanges"]
-    else:                                             # a device engine's default cap: room for every entry
-        assert a["rows_exchanged"] >= a["entries"]
+    assert a["rows_own"] == a["split_rows"] and a["rows_received"] == b["split_rows"]   # host engines count it
+    # issue 32: only the misses cross the collective (each rank's buffer rounded up to a whole row)
+    assert whole <= a["rows_exchanged"] <= whole + 2 * a["exchanges"]
 
 
 def test_split_fetch_refuses_a_group_of_one():

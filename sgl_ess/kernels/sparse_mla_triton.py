@@ -1,4 +1,7 @@
-"""Triton sparse MLA decode over a slot table: the fallback that runs on any CUDA GPU.
+"""Triton sparse MLA decode over a slot table: the fallback for decode implementations other than
+FlashMLA, on any CUDA GPU whose shared memory per block fits its tiles (sparse_mla_smem.py: the
+pipelining depth is picked per device, 3 stages on an H100/H200, 2 on an A100, 1 on an L40S; a
+device where even 1 stage does not fit is refused with its limit, the need and the flags).
 
 Absorbed MLA decode is MQA over the latent: every head's query q [kv_lora_rank + rope_dim]
 scores each selected latent row; the values are the row's first kv_lora_rank columns. This is
@@ -26,11 +29,14 @@ with an online softmax; dot products are fp32 (input_precision="ieee"), like the
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from sgl_ess.kernels.latent_layout import FP8_TILE, LatentLayout
+from sgl_ess.kernels.sparse_mla_smem import padded_dims, pick_decode_stages
 
 _KINDS = {"fp8_flashmla": 0, "bf16": 1, "fp32": 2}
 
@@ -117,9 +123,11 @@ def _sparse_mla_decode_kernel(q_ptr, nope_ptr, rope_ptr, scale_ptr, slots_ptr, m
 def sparse_mla_decode_triton(q: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
                              layout: LatentLayout, sm_scale: float,
                              mask: torch.Tensor | None = None, sink: torch.Tensor | None = None, block_h: int = 16,
-                             block_kv: int = 16, num_warps: int = 8):
+                             block_kv: int = 16, num_warps: int = 8, num_stages: int | None = None):
     """See the module docstring. All tensors on one device (CUDA, or CPU under
-    TRITON_INTERPRET=1). No host sync; allocates only the outputs (CUDA-graph capturable)."""
+    TRITON_INTERPRET=1). No host sync; allocates only the outputs (CUDA-graph capturable).
+    `num_stages` None: the deepest pipelining that fits the device's shared memory
+    (sparse_mla_smem.pick_decode_stages; ValueError where none fits)."""
     if q.dim() != 3 or q.shape[2] != layout.dim:
         raise ValueError(f"sparse_mla_decode_triton: q must be [T, heads, {layout.dim}] for layout "
                          f"{layout}, got {list(q.shape)}")
@@ -160,12 +168,30 @@ def sparse_mla_decode_triton(q: torch.Tensor, rows: torch.Tensor, slots: torch.T
     if sink is not None and (sink.dim() != 1 or sink.shape[0] != h):
         raise ValueError(f"sparse_mla_decode_triton: sink must be [heads={h}], got {list(sink.shape)}")
     sink_arg = sink.to(device=dev, dtype=torch.float32).contiguous() if sink is not None else lse
+    if num_stages is None:
+        num_stages = _stages_for(dev, layout, block_h, block_kv)
+    r_pad, rope_pad = padded_dims(r, rope)
     grid = (t_tokens, triton.cdiv(h, block_h))
     _sparse_mla_decode_kernel[grid](
         q, nope, rope_v, scales, slots, mask_arg, sink_arg, out, lse, float(sm_scale), h,
         q.stride(0), q.stride(1), nope_stride, rope_stride, rope_off, scale_stride, scale_off,
-        K=k, R=r, ROPE=rope, R_PAD=max(16, triton.next_power_of_2(r)),
-        ROPE_PAD=max(16, triton.next_power_of_2(rope)), KIND=_KINDS[layout.kind], TILE=FP8_TILE,
+        K=k, R=r, ROPE=rope, R_PAD=r_pad, ROPE_PAD=rope_pad, KIND=_KINDS[layout.kind], TILE=FP8_TILE,
         HAS_MASK=mask is not None, HAS_SINK=sink is not None, BLOCK_H=block_h, BLOCK_KV=block_kv,
-        num_warps=num_warps)
+        num_warps=num_warps, num_stages=num_stages)
     return out, lse
+
+
+@functools.lru_cache(maxsize=None)
+def _stages_for_cuda(index: int, layout: LatentLayout, block_h: int, block_kv: int) -> int:
+    props = torch.cuda.get_device_properties(index)     # cached by torch: no device work
+    return pick_decode_stages(layout.kind, layout.kv_lora_rank, layout.rope_dim, block_h, block_kv,
+                              props.shared_memory_per_block_optin, props.name)
+
+
+def _stages_for(dev: torch.device, layout: LatentLayout, block_h: int, block_kv: int) -> int:
+    """The pipelining depth for `dev`: picked from its opt-in shared memory on CUDA; the
+    interpreter (CPU) ignores it."""
+    if dev.type != "cuda":
+        return 1
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return _stages_for_cuda(index, layout, block_h, block_kv)

@@ -318,8 +318,9 @@ class LatentStore:
 
         locs int [n], any device. On a device-stream engine nothing here waits for the device (issue 32):
         the locations stay on the store's device (a host tensor is staged through pinned memory, never a
-        pageable copy) and the range check is a device-side assert (`torch._assert_async`: on CUDA it
-        stops the process at its next sync, with this message). Other engines address their runs on the
+        pageable copy) and the range check is a device-side assert (`torch._assert_async`: on CUDA a
+        failed device assert stops the process at its next sync - CUDA does not carry the message, the CPU
+        raises it at once). Other engines address their runs on the
         host: the locations are read there (a sync they make anyway) and checked at once."""
         locs = locs.reshape(-1)
         if locs.numel() == 0:

@@ -118,20 +118,7 @@ def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int =
     ids = list(range(batch))
     for i in ids:
         table.add(i, context)
-    import importlib
-
-    originals = []
-    for mod_name, fn, label in KERNELS:
-        mod = importlib.import_module(mod_name)
-        original = getattr(mod, fn, None)
-        if original is None:            # an older tree without this kernel (before/after comparisons)
-            continue
-        originals.append((mod, fn, original))
-
-        def labelled(*a, _f=original, _label=label, **kw):
-            with torch.profiler.record_function("sgl_ess::kernel::" + _label):
-                return _f(*a, **kw)
-        setattr(mod, fn, labelled)
+    originals = _label_kernels()
     try:
         prof = None
         for step in range(steps):
@@ -161,8 +148,7 @@ def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int =
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 layer_step()
     finally:
-        for mod, fn, original in originals:
-            setattr(mod, fn, original)
+        _restore(originals)
         store.shutdown()
     events = prof.events()
     top = _top_level(events)
@@ -182,6 +168,31 @@ def count_plan_ops(batch: int = 8, k: int = 64, slots: int = 256, context: int =
     }
 
 
+def _label_kernels() -> list:
+    """Wrap each KERNELS function in a record_function region 'sgl_ess::kernel::<label>'; returns
+    what `_restore` puts back."""
+    import importlib
+
+    originals = []
+    for mod_name, fn, label in KERNELS:
+        mod = importlib.import_module(mod_name)
+        original = getattr(mod, fn, None)
+        if original is None:            # an older tree without this kernel (before/after comparisons)
+            continue
+        originals.append((mod, fn, original))
+
+        def labelled(*a, _f=original, _label=label, **kw):
+            with torch.profiler.record_function("sgl_ess::kernel::" + _label):
+                return _f(*a, **kw)
+        setattr(mod, fn, labelled)
+    return originals
+
+
+def _restore(originals) -> None:
+    for mod, fn, original in originals:
+        setattr(mod, fn, original)
+
+
 def _in_kernel(e) -> bool:
     """A kernel region inside another one (e.g. a copy the resolver's torch path makes) is not a launch."""
     p = e.cpu_parent
@@ -190,3 +201,154 @@ def _in_kernel(e) -> bool:
             return True
         p = p.cpu_parent
     return False
+
+
+# --- prefill (extend) layer-step ------------------------------------------------------------------
+# Device -> host syncs on CUDA: a scalar read (item, int(), bool(), float() of a tensor: each ends in
+# aten::_local_scalar_dense) or an op whose output size depends on the data (boolean-mask indexing and
+# torch.nonzero: aten::nonzero; masked_select; repeat_interleave with tensor repeats), counted where it
+# is outermost (one sync however many ops run inside it), plus Tensor.tolist / .cpu / .numpy calls,
+# which run no ATen op on a CPU tensor and are counted by wrapping them. On CPU every tensor is a
+# host tensor, so a read of a tensor that also lives on the host on CUDA would be counted too: each
+# counted site is listed (`sync_sites`: the line of a Tensor.tolist / .cpu / .numpy call; for an ATen
+# sync, the sgl_ess function it ran in, by the line of its def) so a reader can tell.
+SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::repeat_interleave"}
+HOST_COPIES = ("tolist", "cpu", "numpy")
+
+
+class _Mode:
+    """An EXTEND forward mode (the three questions StoreForward.extend and query_layout ask)."""
+
+    def is_decode_or_idle(self):
+        return False
+
+    def is_target_verify(self):
+        return False
+
+    def is_draft_extend_v2(self):
+        return False
+
+
+def _site(stack) -> str:
+    """The innermost sgl_ess / bench frame of a Python stack: 'path:line'."""
+    for frame in stack:
+        where = frame if isinstance(frame, str) else f"{frame.filename}:{frame.lineno}"
+        if ("sgl_ess/" in where or "bench/" in where) and "op_count.py" not in where:
+            return where[where.find("sgl_ess/") if "sgl_ess/" in where else where.find("bench/"):]
+    return "?"
+
+
+def _event_site(e) -> str:
+    """The innermost sgl_ess / bench Python frame above a profiler event (with_stack=True records
+    Python calls as parent events named 'path(line): function')."""
+    p = e.cpu_parent
+    while p is not None:
+        if "sgl_ess/" in p.name or "bench/" in p.name:
+            name = p.name[p.name.find("sgl_ess/") if "sgl_ess/" in p.name else p.name.find("bench/"):]
+            where, _, fn = name.partition(": ")
+            return f"in {fn}() defined at {where.replace('(', ':').rstrip(')')}"
+        p = p.cpu_parent
+    return "?"
+
+
+def _outermost_syncs(events) -> list:
+    out = []
+    for e in events:
+        if e.name not in SYNC_OPS:
+            continue
+        p = e.cpu_parent
+        while p is not None and p.name not in SYNC_OPS:
+            p = p.cpu_parent
+        if p is None:
+            out.append(e)
+    return out
+
+
+def count_extend_syncs(batch: int = 4, chunk: int = 64, context: int = 512, k: int = 32, slots: int = 128,
+                       warmup_queries: int = 8) -> dict:
+    """Device -> host syncs per prefill (extend) layer-step of the ESS path, counted on CPU.
+
+    The real code runs: StoreForward.extend (the CUDA class's extend, store_forward.py) with SGLang's
+    prefill kernel replaced by zeros, and EssPoolAdapter.after_extend / mtp_reset (open and warm the
+    hot buffers from the chunk's last W queries) on a LatentStore with the side-stream engine on
+    host streams. A batch of `batch` requests each extends `chunk` tokens onto `context - chunk`
+    cached ones. Layer 0 runs first, unprofiled (it opens the rows and fills the per-forward caches:
+    query layout, real rows, riding rows); layer 1, a steady layer, is counted."""
+    import threading
+    import types
+
+    from sgl_ess.integration.sglang.backends.store_forward import StoreForward
+    from sgl_ess.integration.sglang.pools.pool_adapter import EssPoolAdapter
+    from sgl_ess.prefetch.stream_engine import StreamEngine
+    from sgl_ess.store import LatentStore, RequestTable, StoreConfig
+
+    cfg = StoreConfig(num_layers=2, row_bytes=656, host_capacity_tokens=batch * context + 64,
+                      hot_slots_per_request=slots, max_requests=batch, topk=k, max_context_tokens=context,
+                      warmup_window=warmup_queries)
+    store = LatentStore(cfg, transfer_backend="torch", engine="inline")
+    store.engine = StreamEngine(store.memory, "torch", device="cpu", runtime=HostStreams(), zero_backend="torch")
+    table = RequestTable(store)
+    ids = list(range(batch))
+    for i in ids:
+        table.add(i, context)
+
+    class Ess:      # the adapter's own extend methods over this store
+        after_extend = EssPoolAdapter.after_extend
+        mtp_reset = EssPoolAdapter.mtp_reset
+        _committed_rows = EssPoolAdapter._committed_rows
+        is_open = EssPoolAdapter.is_open
+
+        def __init__(self):
+            self.store, self.store_cfg, self.layers, self._lock = store, cfg, cfg.num_layers, threading.RLock()
+
+    g = torch.Generator().manual_seed(0)
+    reqs = torch.tensor(ids, dtype=torch.int64)
+    seq = torch.full((batch,), context, dtype=torch.int64)
+    n_tok = batch * chunk
+    pos = torch.arange(context - chunk, context).repeat(batch)
+    topk = torch.stack([torch.randperm(int(p) + 1, generator=g)[:k] if int(p) + 1 >= k else
+                        torch.cat([torch.arange(int(p) + 1), torch.full((k - int(p) - 1,), -1)]) for p in pos])
+    fb = types.SimpleNamespace(
+        forward_mode=_Mode(), req_pool_indices=reqs, seq_lens=seq, seq_lens_cpu=seq.clone(),
+        extend_seq_lens=torch.full((batch,), chunk), extend_seq_lens_cpu=[chunk] * batch,
+        out_cache_loc=table.req_to_host[reqs.unsqueeze(1), pos.view(batch, chunk)].reshape(-1) + 1,
+        global_num_token_non_padded_cpu=n_tok)
+    heads, r = 2, 16
+    kernels = types.SimpleNamespace(prefill=lambda q, layer, b, tk, tok_req, token_idx, **kw:
+                                    torch.zeros(q.shape[0], heads * r))
+    backend = types.SimpleNamespace(spec_role=None, token_to_kv_pool=None)
+    sf = StoreForward(Ess(), types.SimpleNamespace(req_to_token=table.req_to_host), kernels, backend, r, 8)
+    q = torch.zeros(n_tok, heads * (r + 8))
+    counts, sites = collections.Counter(), collections.Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_COPIES}
+
+    def counted(name):
+        def read(self, *a, **kw):
+            counts[name] += 1
+            import traceback
+            sites[f"{_site(reversed(traceback.extract_stack()[:-1]))} ({name})"] += 1
+            return originals[name](self, *a, **kw)
+        return read
+
+    labelled = _label_kernels()
+    try:
+        sf.extend(q, types.SimpleNamespace(layer_id=0), fb, topk)
+        for name in HOST_COPIES:
+            setattr(torch.Tensor, name, counted(name))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+            sf.extend(q, types.SimpleNamespace(layer_id=1), fb, topk)
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+        _restore(labelled)
+        store.shutdown()
+    syncs = [e for e in _outermost_syncs(prof.events()) if not _in_kernel(e)]
+    for e in syncs:
+        sites[f"{_event_site(e)} ({e.name.split('::')[1]})"] += 1
+    return {
+        "shape": {"batch": batch, "chunk_tokens": chunk, "context": context, "k": k, "hot_slots": slots,
+                  "warmup_queries": warmup_queries},
+        "syncs": len(syncs) + sum(counts.values()),
+        "scalar_and_shape_syncs": len(syncs), "host_copies": dict(counts),
+        "sync_sites": dict(sorted(sites.items())),
+    }

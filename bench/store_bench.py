@@ -17,7 +17,8 @@ Prints and writes bench/results/store.json:
   3. ATen ops, an estimate of kernel launches and host reads per decode layer-step of the device
      path (reserve + plan + land + commit through the side-stream engine, validate off), counted
      with the torch profiler on CPU (bench/op_count.py; a count, not a timing; issue 16's goal:
-     <= 10 launches, no host read);
+     <= 10 launches, no host read), and the device -> host syncs per prefill (extend) layer-step of
+     the ESS path with the site of each (bench/op_count.count_extend_syncs; issue 32);
   4. shared-index layers on a GLM-5.2-shaped model (78 layers, 21 anchors, bench/shared_index.py): the
      group design (one slot table per group, resolved at the anchor, every layer planned early) next to
      the per-layer design: plans early / late per layer, resolver calls per step, bytes read equal.
@@ -32,7 +33,7 @@ import time
 import torch
 
 from bench.meta import write_result
-from bench.op_count import count_plan_ops
+from bench.op_count import count_extend_syncs, count_plan_ops
 from bench.shared_index import compare as shared_index_compare
 from bench.workload_args import add_workload_args, apply_threads
 from sgl_ess.core.lru_oracle import LruOracle
@@ -238,6 +239,11 @@ def main(argv=None) -> int:
     print(f"the same step as a decode CUDA graph holds it (--ess-cuda-graph; 2 of {graph_ops['shape']['batch']} rows "
           f"padding, padded=True): {graph_ops['ops']} ATen ops, ~{graph_ops['launch_estimate_cuda']} launches recorded "
           f"once, {graph_ops['host_reads']} host reads", flush=True)
+    ext = count_extend_syncs()
+    print(f"device -> host syncs per prefill (extend) layer-step of the ESS path ({ext['shape']}): {ext['syncs']} "
+          "(goal: <= 1); where:", flush=True)
+    for site, n in ext["sync_sites"].items():
+        print(f"  {n} x {site}")
     shared = shared_index_compare()
     print(f"shared-index layers, {shared['model']}:")
     for key, label in (("per_layer_design", "per-layer design (one LRU per layer)"),
@@ -259,6 +265,7 @@ def main(argv=None) -> int:
         "warmup_ms_per_layer": {m: warm[m][2] for m in WARM_MODES if m != "none"},
         "device_path_ops_per_layer_step": ops,
         "graph_path_ops_per_layer_step": {**graph_ops, "padding_rows": 2},
+        "extend_syncs_per_layer_step": ext,
         "shared_index_layers": shared,
     })
     print(f"wrote {path}")

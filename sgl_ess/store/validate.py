@@ -14,10 +14,15 @@ def check_topk(topk: torch.Tensor, seq_lens: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: expected shape [batch={seq_lens.numel()}, k], got {list(topk.shape)}")
     if topk.numel() == 0:
         return
+    # one host read when the input is good (a prefill layer calls this: issue 32's syncs per layer);
+    # the error path reads more to say what is wrong
+    t64 = topk.to(torch.int64)
+    over = t64 >= seq_lens.to(topk.device, torch.int64).unsqueeze(1)
+    if not bool((over | (t64 < -1)).any()):
+        return
     lo = int(topk.min())
     if lo < -1:
         raise IndexError(f"{what}: position {lo} is negative; only -1 (padding) is allowed")
-    over = topk.to(torch.int64) >= seq_lens.to(topk.device, torch.int64).unsqueeze(1)
     if bool(over.any()):
         b = int(over.any(dim=1).nonzero()[0])
         raise IndexError(

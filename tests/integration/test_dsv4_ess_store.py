@@ -59,3 +59,22 @@ def test_c4_entries_through_host_store_equal_ess_off():
 def test_hot_buffer_smaller_than_topk_is_refused():
     with pytest.raises(ValueError, match="needs >= 4"):
         C4EntryStore([2], D, TOPK, request_rows=2, max_context_tokens=64, hot_slots_per_request=TOPK)
+
+
+def test_ess_on_refuses_what_the_slice_does_not_implement():
+    import types
+
+    from sgl_ess.config import EssConfig
+    from sgl_ess.integration.sglang.dsv4.ess_setup import refusals
+
+    args = dict(speculative_algorithm=None, disaggregation_mode="null", tp_size=1, dp_size=1, pp_size=1,
+                enable_torch_compile=False, disable_radix_cache=True)
+    runner = types.SimpleNamespace(device="cpu", server_args=types.SimpleNamespace(**args))
+    assert refusals(runner, EssConfig(enabled=True)) == []
+    for key, value, named in (("speculative_algorithm", "EAGLE", "MTP"), ("disaggregation_mode", "decode", "PD"),
+                              ("disable_radix_cache", False, "radix cache"), ("tp_size", 2, "--tp-size 2")):
+        runner.server_args = types.SimpleNamespace(**{**args, key: value})
+        got = refusals(runner, EssConfig(enabled=True))
+        assert len(got) == 1 and named in got[0], got
+    runner.server_args = types.SimpleNamespace(**args)
+    assert "inline only" in refusals(runner, EssConfig(enabled=True, prefetch_engine="worker"))[0]

@@ -56,8 +56,8 @@ def refusals(runner, cfg: EssConfig) -> list[str]:
     for flag in ("tp_size", "dp_size", "pp_size"):
         if int(getattr(args, flag, 1) or 1) != 1:
             out.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
-    if getattr(args, "enable_torch_compile", False) or not getattr(args, "disable_cuda_graph", True):
-        out.append("graphs (serve with --disable-cuda-graph)")
+    if getattr(args, "enable_torch_compile", False):
+        out.append("--enable-torch-compile (graphs; the arm's init_cuda_graph_state refuses CUDA graphs)")
     if not getattr(args, "disable_radix_cache", False):
         out.append("the radix cache (serve with --disable-radix-cache: a request's C4 entries are its own host "
                    "rows, written from position 0)")

@@ -133,7 +133,9 @@ FAMILIES: tuple[ModelFamily, ...] = (
 
 # Sparse-attention families SGLang serves through other pools or backends (no DSATokenToKVPool).
 OTHER_SPARSE = {
-    "DeepseekV4ForCausalLM": "DeepSeek-V4 (compressed and sliding-window KV in DeepSeekV4TokenToKVPool, MHA)",
+    "DeepseekV4ForCausalLM": "DeepSeek-V4 (compressed and sliding-window KV in DeepSeekV4TokenToKVPool, MHA; "
+                             "refused on a CUDA node only: without CUDA ESS keeps its C4 entries in the host store "
+                             "on the CPU dsv4 arm, docs/dsv4.md)",
     "MiniMaxM3SparseForCausalLM": "MiniMax-M3 sparse (its own sparse attention and pool)",
     "MiniMaxM3SparseForConditionalGeneration": "MiniMax-M3 sparse (its own sparse attention and pool)",
     "Qwen4ExpForConditionalGeneration": "Qwen4-Exp (its own attention and pool)",

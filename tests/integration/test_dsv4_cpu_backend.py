@@ -98,44 +98,60 @@ class Reference:
 SINK = torch.tensor([0.3, -0.7])
 
 
-def test_cpu_backend_equals_per_request_reference():
-    layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None)}
+def make_backend(req_to_token, ess=None):
     backend = DeepseekV4CpuAttnBackend.__new__(DeepseekV4CpuAttnBackend)
-    perm = torch.randperm(600, generator=G)
-    backend.req_to_token = torch.stack([perm[:300], perm[300:]])     # two request rows, scattered locations
+    backend.req_to_token = req_to_token
     backend.window, backend.index_topk = WINDOW, TOPK
-    backend.rows, backend.chosen, backend.compressors = SideRows(), {}, {}
-    ref = Reference(layers)
-    seq = {0: 0, 1: 0}
-    steps = [({0: 150, 1: 13}, False), ({0: 5, 1: 30}, False), ({0: 1, 1: 1}, True), ({0: 1, 1: 1}, True)]
+    backend.rows, backend.chosen, backend.compressors, backend.ess = SideRows(), {}, {}, ess
+    return backend
+
+
+def run_steps(layers, backends, steps, reqs, seq, on_outputs):
+    """Feed the same random inputs to every backend; on_outputs(got per backend, new, positions, x, swa, qs)."""
     for new, decode in steps:
-        reqs = [0, 1]
         positions = torch.cat([torch.arange(seq[r], seq[r] + new[r]) for r in reqs])
-        out_loc = torch.cat([backend.req_to_token[r, seq[r]:seq[r] + new[r]] for r in reqs])
+        out_loc = torch.cat([backends[0].req_to_token[r, seq[r]:seq[r] + new[r]] for r in reqs])
         for r in reqs:
             seq[r] += new[r]
         t = positions.numel()
         fb = types.SimpleNamespace(forward_mode=mode(decode), seq_lens=torch.tensor([seq[r] for r in reqs]),
                                    extend_seq_lens=torch.tensor([new[r] for r in reqs]),
                                    req_pool_indices=torch.tensor(reqs), positions=positions, out_cache_loc=out_loc)
-        backend.init_forward_metadata(fb)
         x = rnd(t, HIDDEN)
         swa = {lid: rnd(t, D) for lid in layers}
         qs = {lid: rnd(t, HEADS, D) for lid in layers}
-        got = {}
-        for lid, (ratio, comp, idx) in layers.items():
-            backend.store_cache(lid, swa[lid], fb)
-            if idx is not None:
-                backend.forward_c4_indexer(x, x, fb, idx)
-            if comp is not None:
-                backend.forward_core_compressor(x, fb, lid, comp)
-            layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=D)
-            got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
-        start = 0
+        gots = []
+        for backend in backends:
+            backend.init_forward_metadata(fb)
+            got = {}
+            for lid, (ratio, comp, idx) in layers.items():
+                backend.store_cache(lid, swa[lid], fb)
+                if idx is not None:
+                    backend.forward_c4_indexer(x, x, fb, idx)
+                if comp is not None:
+                    backend.forward_core_compressor(x, fb, lid, comp)
+                layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=D)
+                got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
+            gots.append(got)
+        on_outputs(gots, new, positions, x, swa, qs)
+
+
+def test_cpu_backend_equals_per_request_reference():
+    layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None)}
+    perm = torch.randperm(600, generator=G)
+    backend = make_backend(torch.stack([perm[:300], perm[300:]]))     # two request rows, scattered locations
+    ref = Reference(layers)
+    reqs = [0, 1]
+
+    def check(gots, new, positions, x, swa, qs):
+        got, start = gots[0], 0
         for r in reqs:
             rows = slice(start, start + new[r])
             start += new[r]
             want = ref.attend(r, x[rows], {lid: swa[lid][rows] for lid in layers},
                               {lid: qs[lid][rows] for lid in layers}, positions[rows])
             for lid in layers:
-                assert torch.allclose(got[lid][rows], want[lid], rtol=1e-5, atol=1e-5), (lid, r, decode)
+                assert torch.allclose(got[lid][rows], want[lid], rtol=1e-5, atol=1e-5), (lid, r)
+
+    steps = [({0: 150, 1: 13}, False), ({0: 5, 1: 30}, False), ({0: 1, 1: 1}, True), ({0: 1, 1: 1}, True)]
+    run_steps(layers, [backend], steps, reqs, {0: 0, 1: 0}, check)

@@ -39,11 +39,30 @@ def facts_of(cfg) -> ModelFacts:
                       adds=frozenset(adds))
 
 
+V4_ARCH = "DeepseekV4ForCausalLM"
+
+
+def v4_on_cpu(facts: ModelFacts) -> bool:
+    """DeepSeek-V4 without CUDA: ESS on runs its C4 layers' entries through ESS's host store on the CPU dsv4
+    arm (integration/sglang/dsv4/ess_setup.py, which refuses MTP, PD, graphs, the radix cache and several
+    ranks); on CUDA ESS does not serve V4 yet."""
+    if facts.architecture != V4_ARCH:
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def check(cfg) -> None:
     """Raise PreflightError (exit 2) when ESS does not serve the model of `cfg`."""
     facts = facts_of(cfg)
+    if v4_on_cpu(facts):
+        logger.info("ESS on for DeepSeek-V4 (CPU dsv4 arm): its C4 layers' compressed entries in ESS's host store, "
+                    "fetched through per-request hot buffers (exact LRU); window rows and C128 entries stay in the "
+                    "arm's rows. Refused with ESS on: MTP, PD, graphs, the radix cache, TP/DP/PP > 1")
+        return
     text = refusal(facts)
-    if text and facts.architecture == "DeepseekV4ForCausalLM":
+    if text and facts.architecture == V4_ARCH:
         from sgl_ess.sim.dsv4 import config_summary
         text += ". " + config_summary((cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).to_dict())
     if text:

@@ -57,7 +57,10 @@ def test_embedded_glm5_is_what_make_tiny_writes():
     ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepSeek-V4"),
     ("deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM"),
 ])
-def test_models_outside_the_table_are_refused_with_what_is_supported(model_type, arch, named):
+def test_models_outside_the_table_are_refused_with_what_is_supported(model_type, arch, named, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)    # DeepSeek-V4: served on CPU only
     cfg = _config(model_type, arch)
     with pytest.raises(PreflightError) as e:
         model_support.check(cfg)

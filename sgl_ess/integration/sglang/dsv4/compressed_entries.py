@@ -25,6 +25,29 @@ def checkpoint_ape(compressor) -> torch.Tensor:
     return torch.cat([a[:r], a[r:]], dim=-1)
 
 
+def first_row(compressor, first_block: int) -> int:
+    """The first position whose projection ``finished_entries`` needs for blocks from `first_block`."""
+    back = 1 if compressor.overlap and first_block > 0 else 0
+    return compressor.ratio * (first_block - back)
+
+
+def finished_entries(compressor, kv_score: torch.Tensor, first_block: int) -> torch.Tensor:
+    """The entries of blocks first_block, first_block + 1, ...: kv_score float [m, 2*coff*d] holds the
+    projections of positions first_row(compressor, first_block) onwards (a C4 block also weighs its
+    predecessor).
+    Each entry is computed once, when its block finishes, from the same rows whatever else the batch holds
+    (a batch-size-dependent recomputation rounds differently), as SGLang's pool stores it once."""
+    r, d = compressor.ratio, compressor.head_dim
+    pooled = compress_prefix(kv_score, checkpoint_ape(compressor), r, d)
+    if first_block > 0 and compressor.overlap:
+        pooled = pooled[1:]
+    if pooled.shape[0] == 0:
+        return pooled
+    blocks = torch.arange(first_block, first_block + pooled.shape[0])
+    return finish_entry(pooled, blocks, r, compressor.norm.weight.data, compressor.norm.variance_epsilon,
+                        compressor.freqs_cis, compressor.rope_head_dim)
+
+
 def entries(compressor, kv_score: torch.Tensor) -> torch.Tensor:
     r, d = compressor.ratio, compressor.head_dim
     pooled = compress_prefix(kv_score, checkpoint_ape(compressor), r, d)

@@ -4,8 +4,12 @@ What the model calls on its backend (models/deepseek_v4.py, MQALayer with
 SGLANG_DSV4_USE_BF16_KV_QUANT_SOURCE=1): ``store_cache`` (the normed, roped window row of each new
 token), ``forward_core_compressor`` (a C4/C128 layer's compressor), ``forward_c4_indexer`` (a C4 layer's
 indexer: its compressor, query, scores and top-k) and ``forward`` (attention). Rows live in SideRows by
-token location; compressed entries and index keys are pooled from the stored projections when read;
+token location; C4 entries are computed once when their block finishes and kept by the location of the
+block's last token, C128 entries and index keys are pooled from the stored projections when read;
 the math is sgl_ess/attention/dsv4_*.py (window 128 + compressed entries + sink in one softmax).
+With ESS on (``self.ess``, a C4EntryStore, c4_store.py) the C4 layers' entries live in ESS's host store:
+an extend reads its top-k from the host rows and warm-starts the request's LRU, a decode step reads
+its top-k through the request's hot buffer; window rows and C128 entries stay here.
 Not implemented (refused): CUDA graphs, speculative decoding, V4.1's ratio 1/2 layers, FP4 indexer.
 """
 
@@ -19,7 +23,7 @@ from sgl_ess.attention.dsv4_attention import layer_attention
 from sgl_ess.attention.dsv4_indexer import index_scores, select_topk, visible_c4_entries
 from sgl_ess.attention.dsv4_rope import apply_rope_tail
 
-from .compressed_entries import entries
+from .compressed_entries import entries, finished_entries, first_row
 from .side_rows import SideRows
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -33,6 +37,8 @@ class CpuBatch:
     tok_req: torch.Tensor          # int64 [T]
     positions: torch.Tensor        # int64 [T]
     out_loc: torch.Tensor          # int64 [T]
+    decode: bool = False
+    new_tokens: list[int] | None = None
 
 
 def batch_of(forward_batch) -> CpuBatch:
@@ -47,7 +53,8 @@ def batch_of(forward_batch) -> CpuBatch:
         counts = [int(n) for n in forward_batch.extend_seq_lens.tolist()]
     tok_req = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts, dtype=torch.long))
     return CpuBatch([int(i) for i in forward_batch.req_pool_indices.tolist()], seq_lens, tok_req,
-                    forward_batch.positions.long(), forward_batch.out_cache_loc.long())
+                    forward_batch.positions.long(), forward_batch.out_cache_loc.long(), bool(mode.is_decode()),
+                    counts)
 
 
 class DeepseekV4CpuAttnBackend(AttentionBackend):
@@ -64,11 +71,17 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         self.chosen: dict[int, torch.Tensor] = {}    # C4 layer -> [T, topk] entries per token, this batch
         self.compressors: dict = {}                 # layer -> the model's Compressor (seen by forward_core_compressor)
         self.forward_metadata = None
+        from .ess_setup import c4_store_for
+
+        self.ess = c4_store_for(model_runner, hf, self.req_to_token)   # None with ESS off
 
     # -- SGLang's backend interface -------------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
-        self.forward_metadata = batch_of(forward_batch)
+        self.forward_metadata = b = batch_of(forward_batch)
         self.chosen = {}
+        if self.ess is not None and not b.decode:
+            for req, n, new in zip(b.req_pool_indices, b.seq_lens, b.new_tokens):
+                self.ess.begin_extend(req, n - new)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
         raise NotImplementedError("DeepSeek-V4 on CPU: no CUDA graphs (run with --disable-cuda-graph)")
@@ -118,26 +131,73 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         heads = q.shape[1]
         sink = attn_sink.float() if attn_sink is not None else torch.full((heads,), float("-inf"))
         out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
+        hot = self._c4_decode_rows(layer_id, b) if self.ess is not None and compress_ratio == 4 and b.decode else {}
         for i, n in enumerate(b.seq_lens):
             toks = (b.tok_req == i).nonzero().flatten()
             locs = self._locs(b, i, n)
             swa = self.rows.read(layer_id, "swa", locs)
             pos = b.positions[toks]
             compressed = chosen = None
-            if compress_ratio in (4, 128):
-                compressor = self._compressor(layer_id)
-                compressed = entries(compressor, self.rows.read(layer_id, "core", locs))
-                if compress_ratio == 4:
-                    chosen = self.chosen[layer_id][toks]
-                else:
-                    visible = (pos + 1) // 128
-                    j = torch.arange(max(int(compressed.shape[0]), 1))
-                    chosen = torch.where(j[None, :] < visible[:, None], j[None, :], -1)
+            if compress_ratio == 4:
+                compressed, chosen = self._c4_entries(layer_id, b, i, n, toks, hot)
+            elif compress_ratio == 128:
+                compressed = entries(self._compressor(layer_id), self.rows.read(layer_id, "core", locs))
+                visible = (pos + 1) // 128
+                j = torch.arange(max(int(compressed.shape[0]), 1))
+                chosen = torch.where(j[None, :] < visible[:, None], j[None, :], -1)
                 if compressed.shape[0] == 0:
                     compressed = chosen = None
             out[toks] = layer_attention(q[toks], pos, swa, sink[:heads], layer.scaling, compressed, chosen,
                                         self.window)
         return out.to(q.dtype)
+
+    # -- C4 entries: each computed once, when its block finishes; ESS off: here, by the location of the
+    # block's last token (as SGLang's pool stores it); ESS on: in the host store (c4_store.py) ------------
+    def _c4_finish(self, layer_id: int, b: CpuBatch, i: int, n: int) -> int:
+        """Compute and store request i's C4 entries whose blocks finished in this batch; returns how many
+        entries the request has finished (the (n)//4 its last token sees)."""
+        done, total = (n - b.new_tokens[i]) // 4, n // 4
+        if total > done:
+            compressor = self._compressor(layer_id)
+            lo = first_row(compressor, done)
+            proj = self.rows.read(layer_id, "core", self.req_to_token[b.req_pool_indices[i], lo:total * 4].long())
+            got = finished_entries(compressor, proj, done)
+            if self.ess is not None:
+                self.ess.write(layer_id, b.req_pool_indices[i], done, got)
+            else:
+                last = self.req_to_token[b.req_pool_indices[i], torch.arange(done, total) * 4 + 3].long()
+                self.rows.write(layer_id, "c4", last, got)
+        return total
+
+    def _c4_decode_rows(self, layer_id: int, b: CpuBatch) -> dict:
+        """ESS on, one decode step of a C4 layer: every request's top-k fetched through its hot buffer at once.
+        Returns {batch index: float32 [k, d] entries in top-k order}."""
+        live = [(i, self._c4_finish(layer_id, b, i, n)) for i, n in enumerate(b.seq_lens)]
+        live = [(i, m) for i, m in live if m > 0]
+        if not live:
+            return {}
+        idx = torch.tensor([i for i, _ in live])
+        topk = self.chosen[layer_id][idx]           # decode: token i is request i's one query
+        rows = self.ess.decode_rows(layer_id, [b.req_pool_indices[i] for i, _ in live], [m for _, m in live], topk)
+        return {i: rows[j] for j, (i, _) in enumerate(live)}
+
+    def _c4_entries(self, layer_id: int, b: CpuBatch, i: int, n: int, toks: torch.Tensor, hot: dict):
+        """(compressed [m, d], chosen [t, k]) of request i for layer_attention, or (None, None)."""
+        chosen = self.chosen[layer_id][toks]
+        if self.ess is not None and b.decode:
+            rows = hot.get(i)
+            if rows is None:
+                return None, None
+            j = torch.arange(rows.shape[0])
+            return rows, torch.where(chosen >= 0, j[None, :], -1)
+        m = self._c4_finish(layer_id, b, i, n)
+        if m == 0:
+            return None, None
+        req = b.req_pool_indices[i]
+        if self.ess is None:
+            return self.rows.read(layer_id, "c4", self.req_to_token[req, torch.arange(m) * 4 + 3].long()), chosen
+        self.ess.warm(layer_id, req, m, chosen)   # every extend chunk; the last one wins
+        return self.ess.host_entries(layer_id, req, m), chosen
 
     def _compressor(self, layer_id):
         c = self.compressors.get(layer_id)

@@ -32,6 +32,8 @@ def load_geometry(model: str, trust_remote_code: bool = False, revision: Optiona
     from ..model_support import check as check_model_supported
 
     check_model_supported(cfg)          # the model table (models/families.py): outside it, exit 2 before loading
+    if "DeepseekV4ForCausalLM" in (getattr(cfg, "architectures", None) or []):
+        return None    # no DSA latent pool: its C4 store is sized where it is built (dsv4/ess_setup.py)
     return geometry_of(cfg)
 
 

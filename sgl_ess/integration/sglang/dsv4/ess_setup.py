@@ -1,0 +1,102 @@
+"""ESS on for DeepSeek-V4 on the CPU dsv4 arm: builds the runner's C4EntryStore (c4_store.py) from the
+launcher's ESS config and hooks it into sgl-ess's request lifecycle (pools/lifecycle.py: SGLang freeing a
+request row closes its hot buffer and zeroes its host rows; ``/ess/status`` reports its usage).
+
+What this slice implements, and what it refuses with ESS on (never a silent fallback): the CPU, one
+scheduler (no TP / DP / PP ranks), no speculative decoding (MTP), no PD disaggregation, no CUDA / CPU
+graphs, no radix cache (a request's C4 entries are its own host rows), the inline fetch engine. One store per model runner (SGLang may build its backend more than once).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sgl_ess.config import EssConfig, config_from_env
+
+logger = logging.getLogger(__name__)
+_stores: dict[int, "V4EssAdapter"] = {}
+
+
+class V4EssAdapter:
+    """What pools/lifecycle.py's hooks and /ess/status call on an ESS store, for the V4 C4 store."""
+
+    allocator = None                 # host rows are the store's own (per request row), not SGLang's pages
+
+    def __init__(self, runner, store):
+        self.runner_id = id(runner)
+        self.req_pool = runner.req_to_token_pool
+        self.c4 = store
+        self.store_cfg = store.cfg
+        self.layers = store.cfg.num_layers
+        self.row_bytes = store.cfg.row_bytes
+
+    def close_rows(self, rows: list[int]) -> None:
+        self.c4.close_rows(rows)
+
+    def clear_locs(self, locs) -> None:
+        return None                  # SGLang's token pages hold no ESS row (window / C128 stay device side)
+
+    def is_open(self, req: int) -> bool:
+        return self.c4.store.is_open(req)
+
+    def usage(self) -> dict:
+        return {"model": "DeepseekV4ForCausalLM (C4 entries)", **self.c4.usage()}
+
+
+def refusals(runner, cfg: EssConfig) -> list[str]:
+    """What this slice does not implement, for the runner's server args (empty: it runs)."""
+    args = runner.server_args
+    out = []
+    if not str(runner.device).startswith("cpu"):
+        out.append(f"device {runner.device} (the CPU dsv4 arm only)")
+    if getattr(args, "speculative_algorithm", None):
+        out.append(f"--speculative-algorithm {args.speculative_algorithm} (MTP)")
+    if str(getattr(args, "disaggregation_mode", "null")) != "null":
+        out.append(f"--disaggregation-mode {args.disaggregation_mode} (PD)")
+    for flag in ("tp_size", "dp_size", "pp_size"):
+        if int(getattr(args, flag, 1) or 1) != 1:
+            out.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+    if getattr(args, "enable_torch_compile", False):
+        out.append("--enable-torch-compile (graphs; the arm's init_cuda_graph_state refuses CUDA graphs)")
+    if not getattr(args, "disable_radix_cache", False):
+        out.append("the radix cache (serve with --disable-radix-cache: a request's C4 entries are its own host "
+                   "rows, written from position 0)")
+    if cfg.prefetch_engine not in ("auto", "inline"):
+        out.append(f"--ess-prefetch-engine {cfg.prefetch_engine} (inline only)")
+    if cfg.speculative_prefetch != "off":
+        out.append(f"--ess-speculative-prefetch {cfg.speculative_prefetch}")
+    return out
+
+
+def c4_store_for(runner, hf, req_to_token):
+    """The runner's V4EssAdapter's C4EntryStore (built on first use and registered with the lifecycle
+    hooks), or None with ESS off. Raises NotImplementedError for what the slice does not implement."""
+    cfg = config_from_env() or EssConfig()
+    if not cfg.enabled:
+        return None
+    known = _stores.get(id(runner))
+    if known is not None:
+        return known.c4
+    bad = refusals(runner, cfg)
+    if bad:
+        raise NotImplementedError("DeepSeek-V4 with ESS on is implemented on the CPU dsv4 arm only, without: "
+                                  + "; ".join(bad) + ". Serve with --ess-enabled false for these")
+    from sgl_ess.core.hot_slots import hot_slots_rule
+
+    from ..pools import lifecycle
+    from .c4_store import C4EntryStore
+
+    c4_layers = [i for i, r in enumerate(hf.compress_ratios) if int(r) == 4]
+    head_dim = int(hf.head_dim)
+    rows, max_context = int(req_to_token.shape[0]), int(req_to_token.shape[1])
+    topk = int(hf.index_topk)
+    hot, source = hot_slots_rule(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb, max(1, len(c4_layers)),
+                                 4 * head_dim, topk, rows)
+    store = C4EntryStore(c4_layers, head_dim, topk, rows, max_context, hot, warmup_queries=cfg.warmup_queries)
+    adapter = V4EssAdapter(runner, store)
+    _stores[id(runner)] = adapter
+    lifecycle.register_adapter(adapter)
+    logger.info("DeepSeek-V4 ESS: C4 layers %s in the host store (%d request rows x %d entries, %d B rows), "
+                "%d hot entries per request and layer (%s), top-k %d", c4_layers, rows, store.max_entries,
+                store.cfg.row_bytes, hot, source, topk)
+    return store

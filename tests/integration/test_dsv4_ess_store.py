@@ -1,0 +1,80 @@
+"""ESS on for DeepSeek-V4's C4 layers, in process (dsv4/c4_store.py through dsv4/cpu_backend.py): the CPU dsv4
+arm with its C4 entries in ESS's host store (LatentStore, one row per entry) and each decode step's top-k read
+through a per-request hot buffer of 5 entries (top-3 of up to 47: the exact LRU evicts and misses are fetched),
+warm-started from the extend's last query positions, against the same arm with ESS off on the same inputs:
+every layer's output is bit-identical (the same float32 entries gathered in the same top-k order), misses and
+fetched rows are counted, a closed request leaves no host row, hot slot or open buffer, its host rows read
+zero, and reused request rows (closed, or reopened by an extend from position 0) serve again identically."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sglang")
+
+from sgl_ess.integration.sglang.dsv4.c4_store import C4EntryStore  # noqa: E402
+
+from .test_dsv4_cpu_backend import D, G, TOPK, compressor, indexer, make_backend, run_steps  # noqa: E402
+
+pytestmark = pytest.mark.integration
+HOT = 5
+
+
+def _equal(gots, *_):
+    on, off = gots
+    for lid in off:
+        assert torch.equal(on[lid], off[lid]), lid
+
+
+def test_c4_entries_through_host_store_equal_ess_off():
+    layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None),
+              4: (4, compressor(4, D), indexer(4))}
+    perm = torch.randperm(900, generator=G)
+    req_to_token = torch.stack([perm[:300], perm[300:600], perm[600:]])
+    store = C4EntryStore([2, 4], D, TOPK, request_rows=3, max_context_tokens=300, hot_slots_per_request=HOT,
+                         warmup_queries=2)
+    on, off = make_backend(req_to_token, store), make_backend(req_to_token)
+    steps = [({0: 150, 1: 13}, False), ({0: 5, 1: 30}, False)] + [({0: 1, 1: 1}, True)] * 10
+    run_steps(layers, [on, off], steps, [0, 1], {0: 0, 1: 0}, _equal)
+    u = store.usage()
+    assert u["hot_requests_open"] == 2 and u["host_tokens_live"] == (165 // 4) + (53 // 4)
+    assert u["warmup_rows"] > 0
+    misses = u["misses_per_layer"]
+    assert all(m > 0 for m in misses), misses            # 5 slots for top-3 of 41 / 13 entries: the LRU evicts
+    assert u["rows_h2d"] >= sum(misses) and sum(u["hits_per_layer"]) > 0
+
+    store.close_rows([0])
+    assert store.usage()["host_tokens_live"] == 53 // 4 and store.usage()["hot_requests_open"] == 1
+    assert not store.store.host.rows[:, store.req_to_host[0]].any()     # its host rows were zeroed
+    # row 0 reused after its close, row 1 reused without one (an extend from position 0 reopens it)
+    steps = [({0: 70, 1: 90}, False)] + [({0: 1, 1: 1}, True)] * 6
+    run_steps(layers, [on, off], steps, [0, 1], {0: 0, 1: 0}, _equal)
+    assert store.opens == 4
+    store.close_rows([0, 1])
+    u = store.usage()
+    assert u["host_tokens_live"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0
+    assert not store.store.host.rows.any()
+    store.shutdown()
+
+
+def test_hot_buffer_smaller_than_topk_is_refused():
+    with pytest.raises(ValueError, match="needs >= 4"):
+        C4EntryStore([2], D, TOPK, request_rows=2, max_context_tokens=64, hot_slots_per_request=TOPK)
+
+
+def test_ess_on_refuses_what_the_slice_does_not_implement():
+    import types
+
+    from sgl_ess.config import EssConfig
+    from sgl_ess.integration.sglang.dsv4.ess_setup import refusals
+
+    args = dict(speculative_algorithm=None, disaggregation_mode="null", tp_size=1, dp_size=1, pp_size=1,
+                enable_torch_compile=False, disable_radix_cache=True)
+    runner = types.SimpleNamespace(device="cpu", server_args=types.SimpleNamespace(**args))
+    assert refusals(runner, EssConfig(enabled=True)) == []
+    for key, value, named in (("speculative_algorithm", "EAGLE", "MTP"), ("disaggregation_mode", "decode", "PD"),
+                              ("disable_radix_cache", False, "radix cache"), ("tp_size", 2, "--tp-size 2")):
+        runner.server_args = types.SimpleNamespace(**{**args, key: value})
+        got = refusals(runner, EssConfig(enabled=True))
+        assert len(got) == 1 and named in got[0], got
+    runner.server_args = types.SimpleNamespace(**args)
+    assert "inline only" in refusals(runner, EssConfig(enabled=True, prefetch_engine="worker"))[0]

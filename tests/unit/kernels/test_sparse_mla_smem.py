@@ -77,10 +77,14 @@ def test_a_device_too_small_for_one_stage_is_refused(monkeypatch):
     assert "--dsa-decode-backend flashmla_kv" in msg and "--enable-mixed-chunk" in msg
 
 
-@pytest.mark.parametrize("layout", [V32_FP8, LatentLayout("bf16", 512, 64),
-                                    LatentLayout("fp8_flashmla", 128, 64), LatentLayout("fp32", 64, 16)])
-@pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)])
-@pytest.mark.parametrize("stages", [1, 2, 3])
+BF16 = LatentLayout("bf16", 512, 64)
+SMALL_FP8, SMALL_FP32 = LatentLayout("fp8_flashmla", 128, 64), LatentLayout("fp32", 64, 16)
+# V3.2's two layouts at every depth and two tiles; small latents where scratch, not staging, leads
+BOUND_CASES = ([(lay, tiles, st) for lay in (V32_FP8, BF16) for tiles in ((16, 16), (32, 16)) for st in (1, 2, 3)]
+               + [(SMALL_FP8, (16, 32), 3), (SMALL_FP32, (32, 16), 1), (SMALL_FP32, (16, 32), 3)])
+
+
+@pytest.mark.parametrize("layout,tiles,stages", BOUND_CASES)
 def test_the_model_bounds_the_compiled_figure(layout, tiles, stages):
     # sm_80 only: the compiled figures of this kernel are the same for sm_80, 86, 89 and 90
     model = decode_shared_memory_bytes(layout.kind, layout.kv_lora_rank, layout.rope_dim, *tiles, stages)

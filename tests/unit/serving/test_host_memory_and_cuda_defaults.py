@@ -100,7 +100,8 @@ def test_decode_graphs_with_ess_need_the_ess_flag():
 @pytest.mark.parametrize("argv,flags,env,why", [
     (["--speculative-algorithm", "EAGLE"], {}, {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "0"},
      "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=0"),
-    (["--enable-two-batch-overlap"], {}, {}, "TBO"),
+    (["--enable-two-batch-overlap", "--speculative-algorithm", "EAGLE"], {},
+     {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}, "TBO children's TARGET_VERIFY"),
     ([], {"prefetch_engine": "worker"}, {}, "--ess-prefetch-engine worker"),
     ([], {"speculative_prefetch": "next_layer"}, {}, "--ess-speculative-prefetch"),
     ([], {"share_host_pool": "on"}, {}, "--ess-share-host-pool on"),
@@ -130,6 +131,19 @@ def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, fla
         out, _ = ld.fill_defaults([*off, *argv], _cfg(cuda_graph="true", **flags), has_cuda=True)
 
 
+def test_ess_cuda_graph_serves_two_batch_overlap_decode(monkeypatch):
+    """TBO without MTP with --ess-cuda-graph (issue 35 item 3): accepted, its children's decode captured
+    (tests/integration/test_cuda_graph_tbo_gpu_fake.py); with MTP refused (the table above)."""
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
+                                                                              "MemAvailable": 40 * GB})
+    out, _ = ld.fill_defaults(["--enable-two-batch-overlap"], _cfg(cuda_graph="true"), has_cuda=True)
+    assert ld.decode_graphs_on(out) and av.has_flag(out, "--enable-two-batch-overlap")
+    # the other refusals still hold with TBO
+    with pytest.raises(PreflightError, match="--ess-speculative-prefetch"):
+        ld.fill_defaults(["--enable-two-batch-overlap"], _cfg(cuda_graph="true", speculative_prefetch="next_layer"),
+                         has_cuda=True)
+
+
 @pytest.mark.parametrize("algo", ["EAGLE", "NEXTN"])
 def test_ess_cuda_graph_serves_mtp_with_the_draft_extend_eager(monkeypatch, algo):
     """MTP with --ess-cuda-graph (issue 35 item 3): accepted, with its TARGET_VERIFY and draft decode steps
@@ -148,7 +162,7 @@ def test_ess_cuda_graph_serves_mtp_with_the_draft_extend_eager(monkeypatch, algo
     monkeypatch.setenv(env, "true")
     ld.fill_defaults(mtp, _cfg(cuda_graph="true"), has_cuda=True)
     assert os.environ[env] == "true"
-    with pytest.raises(PreflightError, match="TBO"):
+    with pytest.raises(PreflightError, match="TBO children's TARGET_VERIFY"):
         ld.fill_defaults([*mtp, "--enable-two-batch-overlap"], _cfg(cuda_graph="true"), has_cuda=True)
     monkeypatch.delenv(env)
     ld.fill_defaults(mtp, _cfg(), has_cuda=True)       # no --ess-cuda-graph: SGLang's env left alone

@@ -31,10 +31,11 @@ prefill: the prefill rows run SGLang's extend kernel (the riding decode rows' to
 the riding decode rows the store's decode path. A decode step reads nothing back to the host (padding rows from SGLang's
 count of real tokens, padding.py; the write-position check a device-side assertion; checked in the
 GPU fake). Decode CUDA graphs are off unless ``--ess-cuda-graph`` (cuda_graph.py: SGLang's capture
-batches - target decode, MTP TARGET_VERIFY, EAGLE draft steps through ESS's multi-step container,
-cuda_multistep.py - take device-padded paths, the side streams join the graph at its last layer, and
-``init_forward_metadata_out_graph`` / ``on_after_cuda_graph_warmup`` order eager work around the
-graph; a draft extend capture is refused); checked on CPU by a graph double, never captured on a GPU.
+batches - target decode (each Two-Batch-Overlap child's micro-batch too), MTP TARGET_VERIFY, EAGLE draft
+steps through ESS's multi-step container, cuda_multistep.py - take device-padded paths, the side streams
+join the graph at its last layer, and ``init_forward_metadata_out_graph`` / ``on_after_cuda_graph_warmup``
+order eager work around the graph, once per step: a TBO child leaves both hooks to the primary; a draft
+extend capture is refused); checked on CPU by a graph double, never captured on a GPU.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def backend_class():
         spec_role = ROLE_TARGET
         speculative_step_id = 0
         micro_batch_base = 0
+        tbo_child = False           # one of TboAttnBackend's two children (its micro-batch's backend)
         graph_container = False     # a draft step inside ESS's multi-step container (cuda_multistep.py)
 
         def __init__(self, model_runner, *args, **kwargs):
@@ -106,8 +108,14 @@ def backend_class():
             super().init_forward_metadata(forward_batch)
             if self._forward is not None:
                 self._forward.begin(forward_batch)
+            self._note_tbo(forward_batch)
+
+        def _note_tbo(self, forward_batch) -> None:
+            """A Two-Batch-Overlap child's batch (SGLang's filter_batch sets ``tbo_parent_token_range``, eager
+            and at a graph's capture): this backend is a child, with its own ring groups (as on CPU)."""
             rng = getattr(forward_batch, "tbo_parent_token_range", None)
-            if rng is not None:         # a Two-Batch-Overlap child: its own ring groups (as on CPU)
+            if rng is not None:
+                self.tbo_child = True
                 self.micro_batch_base = 0 if rng[0] == 0 else 2
 
         def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
@@ -132,9 +140,11 @@ def backend_class():
                                        "cuda_backend.register) must replace it")
                 return
             if in_capture:
-                self.ess.graph_capture_batch(int(forward_batch.batch_size))
+                self._note_tbo(forward_batch)
+                if not self.tbo_child:      # TboAttnBackend: the primary starts the capture of the whole step
+                    self.ess.graph_capture_batch(int(forward_batch.batch_size))
                 self._forward.graph_batches.add(forward_batch)
-            else:
+            elif not self.tbo_child:        # a child's replay view (no num_padding): the primary counted the step
                 size, n_real, rows = replay_rows(forward_batch, self.ess.has_pending())
                 self.ess.graph_replay(rows, size, n_real)
 
@@ -142,7 +152,7 @@ def backend_class():
             """After each of SGLang's two warm-up runs of a capture batch (its capture comes after the
             second): nothing eager is left for the capture to wait on."""
             super().on_after_cuda_graph_warmup()
-            if self.ess is not None:
+            if self.ess is not None and not self.tbo_child:     # once per step: TboAttnBackend calls the primary
                 self.ess.graph_capture()
 
         def get_indexer_metadata(self, layer_id, forward_batch):
@@ -311,7 +321,8 @@ def _around_indexer_forward_cuda(original_fn, self, x, q_lora, positions, forwar
             r2t = get_req_to_token_pool().req_to_token
             fwd = getattr(backend, "_forward", None)
             if fwd is not None and forward_batch in fwd.graph_batches:     # a decode graph: padding rows -1
-                reqs, base, kw = graph_rows(forward_batch), 0, {"padded": True}
+                # a TBO child's graph batch plans in its own ring groups, as its eager steps do
+                reqs, base, kw = graph_rows(forward_batch), backend.micro_batch_base, {"padded": True}
             else:
                 b = real_rows(forward_batch).n_req      # SGLang's padding rows (DP, TBO, graphs) are never planned
                 if b == 0:

@@ -19,7 +19,7 @@ Which forward batches are graph batches: the ones SGLang hands to ``init_forward
 with ``in_capture=True`` (its capture batches); every other batch takes the eager path.
 
 Which steps are captured (issue 35 item 3), each through SGLang's own graph hooks on the backend:
-  * target decode (no MTP, no TBO): ``StoreForward._decode_graph``;
+  * target decode (no MTP): ``StoreForward._decode_graph``;
   * MTP TARGET_VERIFY (SGLang's decode graph runner with capture mode TARGET_VERIFY, bs requests x n
     draft tokens): the backend's ``forward_extend`` of a capture batch goes to ``graph_verify`` below
     (``StoreForward._extend_graph``: padding requests -1 through the store's admission, union plan and
@@ -30,10 +30,15 @@ Which steps are captured (issue 35 item 3), each through SGLang's own graph hook
     step backends a DECODE view at capture (not the batch the steps run with) and calls none of their hooks
     before a replay or after a warm-up, so ESS replaces it by a subclass (cuda_multistep.py) that registers
     the capture batch with every step and calls the store's capture, warm-up and replay hooks once;
-  * TBO micro-batches, speculative prefetch, a shared host pool, split fetch, the EAGLE draft extend
-    (DRAFT_EXTEND_V2, which SGLang captures for the DSA backend unless SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH):
-    not captured (refused by the launcher, the draft extend again by the backend at capture, the store
-    options by ``EssPoolAdapter._check_graph_mode``).
+  * Two-Batch-Overlap decode: SGLang's ``TboAttnBackend`` hands each child its micro-batch's capture batch
+    (slices of the graph's static buffers, ``tbo_parent_token_range`` set) and each child's forwards go to
+    ``StoreForward._decode_graph`` over those rows (padding -1), planned in the child's own ring groups
+    (``micro_batch_base``); the store's capture / warm-up / replay hooks run once, from the primary;
+  * TBO with MTP (the children's TARGET_VERIFY), speculative prefetch, a shared host pool, split fetch, the
+    EAGLE draft extend (DRAFT_EXTEND_V2, which SGLang captures for the DSA backend unless
+    SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH): not captured (refused by the launcher, the TBO children's verify
+    and the draft extend again by the backend at capture, the store options by
+    ``EssPoolAdapter._check_graph_mode``).
 Each captured step is checked on CPU against its eager twin, bit for bit, with the graph double
 (tests/integration/test_cuda_graph*_gpu_fake.py); none has been captured on a GPU.
 """

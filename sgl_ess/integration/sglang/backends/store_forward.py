@@ -17,7 +17,8 @@ verifying and closing hot buffers happen here, once.
                            (``EssPoolAdapter.decode``); an EAGLE draft step reads committed rows only
 SGLang's padding rows (DP attention, TBO children, an idle DP rank's fabricated extend: padding.py)
 never reach the store: they are cut off before it is called and their outputs are zero. A graph's
-batch (--ess-cuda-graph, cuda_graph.py: target decode, MTP TARGET_VERIFY, EAGLE draft decode steps) is
+batch (--ess-cuda-graph, cuda_graph.py: target decode, TBO children's decode, MTP TARGET_VERIFY, EAGLE draft
+decode steps) is
 not cut on the host: its padding rows go to the store as request row -1, found on the device, and
 touch nothing.
 Learnable attention sinks (Hunyuan V4, `sink` float [H] per layer, None for other models) reach every
@@ -194,11 +195,13 @@ class StoreForward:
         """An EXTEND-family step SGLang captures in a CUDA graph: only the target's TARGET_VERIFY (SGLang's
         decode graph runner in capture mode TARGET_VERIFY) is held, by cuda_graph.graph_verify."""
         mode = forward_batch.forward_mode
-        if mode.is_target_verify() and self.backend.spec_role == ROLE_TARGET and not self.backend.micro_batch_base:
+        b = self.backend
+        if mode.is_target_verify() and b.spec_role == ROLE_TARGET and not getattr(b, "tbo_child", False):
             return graph_verify(self, q, layer, forward_batch, topk, sink)
-        raise RuntimeError(f"ESS CUDA graphs: SGLang captures a {mode.name} step of the {self.backend.spec_role} "
-                           "backend, which ESS does not hold (captured: target decode, MTP TARGET_VERIFY, EAGLE draft "
-                           "decode steps; not TBO children or the draft extend); drop --ess-cuda-graph to run eager")
+        raise RuntimeError(f"ESS CUDA graphs: SGLang captures a {mode.name} step of the {b.spec_role} "
+                           f"backend{' (a TBO child)' if getattr(b, 'tbo_child', False) else ''}, which ESS does not "
+                           "hold (captured: target decode and its TBO children, MTP TARGET_VERIFY without TBO, EAGLE "
+                           "draft decode steps; not the draft extend); drop --ess-cuda-graph to run eager")
 
     def verify(self, q, layer, forward_batch, topk, lay: QueryLayout, sink=None):
         """TARGET_VERIFY / DRAFT_EXTEND_V2: each request's n query tokens sit at committed ..
@@ -306,16 +309,17 @@ class StoreForward:
 
     def _decode_graph(self, q, layer, forward_batch, topk, sink=None) -> torch.Tensor:
         """A decode step SGLang captures in a CUDA graph: the whole padded batch, padding rows -1
-        (found on the device), the same launches whatever the batch holds; their outputs zero. An EAGLE
-        draft step (SGLang's draft graph runner: every step of the multi-step draft forward in one graph)
-        goes through cuda_graph.graph_draft."""
+        (found on the device), the same launches whatever the batch holds; their outputs zero. A
+        Two-Batch-Overlap child's batch is its micro-batch's rows of the padded batch (SGLang's slices
+        of the graph's static buffers), planned in the child's own ring groups (``micro_batch_base``).
+        An EAGLE draft step (SGLang's draft graph runner: every step of the multi-step draft forward in
+        one graph) goes through cuda_graph.graph_draft."""
         b = self.backend
         if b.spec_role == ROLE_DRAFT_DECODE:
             return graph_draft(self, q, layer, forward_batch, topk, sink)
-        if b.spec_role != ROLE_TARGET or b.micro_batch_base:
-            raise RuntimeError("ESS decode CUDA graphs: only the target model's decode without Two-Batch Overlap "
-                               "and the EAGLE draft steps are captured (the launcher refuses TBO with "
-                               "--ess-cuda-graph)")
+        if b.spec_role != ROLE_TARGET:
+            raise RuntimeError(f"ESS decode CUDA graphs: a decode step of the {b.spec_role} backend is not captured "
+                               "(captured: the target model's decode, its TBO children, the EAGLE draft steps)")
         reqs = graph_rows(forward_batch)
         out = self._decode(q, layer, forward_batch, topk, reqs.shape[0], graph_reqs=reqs, sink=sink)
         return out.masked_fill((reqs < 0).unsqueeze(1), 0)
@@ -346,7 +350,7 @@ class StoreForward:
         if b.micro_batch_base and not self.ess.early_parts(layer.layer_id, reqs.numel()):
             # a TBO child at level none (no indexer hand-off): plan now, in this child's ring groups
             self.ess.early_plan(id(forward_batch), layer.layer_id, reqs, seq_lens, topk, self.r2t,
-                                b.micro_batch_base)
+                                b.micro_batch_base, padded=padded)
         out = self.ess.decode(id(forward_batch), layer.layer_id, q3, reqs, seq_lens, topk,
                               self.kernels.newest(layer, loc), self.r2t, attend,
                               single_call=self.kernels.single_call, padded=padded)

@@ -6,6 +6,7 @@
   launcher_defaults.py  flags the launcher adds
   pool_plan.py          host pool per node and per pool, hot buffers per GPU, and where each number came from
   model_config.py       the model's geometry through transformers.AutoConfig (local dir or hub id / HF cache)
+  v4_plan.py            DeepSeek-V4: its C4 entries on the host, window and the rest on the device, sized
   node_devices.py       the node planned for: this machine's devices, or --ess-explain-device cuda:N:GiB
   explain.py            --ess-explain: the plan and SGLang's arguments printed, nothing started
   process_env.py        the environment every server process needs (multi-rank CPU binding, gloo)

@@ -55,6 +55,8 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
     if not cfg.enabled:
         lines.append(f"  token pool (SGLang's own, on the device): {sizing['tokens']} tokens ({sizing['source']})")
         return "\n".join(lines) + "\n"
+    if "dsv4" in sizing:
+        return "\n".join(lines + v4_lines(sizing["dsv4"], sizing)) + "\n"
     model = sizing.get("model")
     if model is None:
         lines.append("  the model's config has no MLA latent: no ESS sizing applies")
@@ -92,3 +94,47 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
         lines.append("    by tensor: " + ", ".join(f"{k} {_gb(v)}" for k, v in alloc.items() if v))
     lines.append("  (SGLang's own resolution and the model load run at launch, not here)")
     return "\n".join(lines) + "\n"
+
+
+def v4_lines(v: dict, sizing: dict) -> list[str]:
+    """The ESS plan of DeepSeek-V4 (launcher/v4_plan.py's sizing `v`): host side, device side, hot buffer."""
+    c4, d = len(v["c4_layer_ids"]), v["head_dim"]
+    dev, e4 = v["device_bytes_per_request"], v["entry_bytes_v4_layout"]
+    window_rows = dev["window"] // (v["layers"] * e4)
+    ids = ", ".join(map(str, v["c4_layer_ids"]))
+    pool_source = ("--max-total-tokens" if sizing["source"] == "--max-total-tokens" else
+                   "the launcher's default on CPU; set --max-total-tokens to change")
+    return [
+        f"  model: {v['path']}: DeepseekV4ForCausalLM, {v['layers']} layers = {c4} C4 (layers {ids}) + "
+        f"{v['c128_layers']} C128 + {v['window_only_layers']} window only, a {v['window_tokens']}-token window per "
+        f"layer, head_dim {d}, index_topk {v['index_topk']}, index_head_dim {v['index_head_dim']} (its config.json "
+        "through transformers.AutoConfig; bytes by the simulator's arithmetic, sim/dsv4.py, as `python -m "
+        "sgl_ess.sim v4`)",
+        f"  to host (ESS's host store, dsv4/c4_store.py): the C4 entries, 1 per 4 tokens in each of the {c4} C4 "
+        "layers",
+        f"    entry here: float32 [{d}] = {v['entry_bytes']} B (the CPU dsv4 arm's unquantized entry): host bytes per "
+        f"token {v['host_bytes_per_token']:g} = {c4} C4 layers x {v['entry_bytes']} B / 4",
+        f"    entry on a GPU node: SGLang's V4 FP8 layout, {e4} B (FP8 NoPE, a scale byte per 64 values + 1 pad, BF16 "
+        f"RoPE): host bytes per token {v['host_bytes_per_token_v4_layout']:g} = {c4} x {e4} B / 4 (not the "
+        "layout used here)",
+        f"    host store: {_gb(v['host_store_bytes'])} = {v['request_rows']} request rows (--max-running-requests + "
+        f"SGLang's padding row) x {v['entries_per_request']} entries per request (({v['context_tokens']} context "
+        f"tokens, {v['context_tokens_source']}, + 4) // 4) x {c4} C4 layers x {v['entry_bytes']} B; "
+        "--max-total-tokens does not size it",
+        f"  on the device, per request (SGLang's V4 layout, at {v['context_tokens']} context tokens): "
+        f"{_gb(v['device_bytes_per_request_total'])} = window {_gb(dev['window'])} (fixed per request: "
+        f"{v['layers']} layers x {window_rows} rows, the {v['window_tokens']}-token window in "
+        f"{v['swa_page_tokens']}-token SWA pages, worst case, x {e4} B) + C128 entries {_gb(dev['c128_entries'])} "
+        f"+ C4 index keys {_gb(dev['c4_index_keys'])} ({v['indexer_bytes_per_entry']} B per entry) + compressor "
+        f"state {_gb(dev['compressor_state'])}",
+        f"  hot buffer: {v['hot_entries_per_request']} C4 entries per request and C4 layer ({v['hot_source']}; "
+        f"needs >= index_topk + 1 = {v['index_topk'] + 1}): {c4} x {v['hot_entries_per_request']} x "
+        f"{v['entry_bytes']} B = {_gb(v['hot_buffer_bytes_per_request'])} per request here "
+        f"({_gb(v['hot_buffer_bytes_per_request_v4_layout'])} in the V4 layout); the store's slot space and LRU "
+        f"state for {v['request_rows']} request rows: {_gb(v['store_device_bytes'])}",
+        "    by tensor: " + ", ".join(f"{k} {_gb(b)}" for k, b in v["store_device_allocation"].items() if b),
+        "  in this CPU slice the device side is host memory too: the arm's float32 side rows (window rows, "
+        f"compressor projections; grown on demand) and SGLang's own V4 pool (its FP8 layout), {sizing['tokens']} "
+        f"tokens ({pool_source})",
+        "  (SGLang's own resolution and the model load run at launch, not here)",
+    ]

@@ -18,10 +18,9 @@ from sgl_ess.serving.preflight import ModelGeometry, PreflightError
 logger = logging.getLogger("sgl_ess")
 
 
-def load_geometry(model: str, trust_remote_code: bool = False, revision: Optional[str] = None
-                  ) -> Optional[ModelGeometry]:
-    """The latent geometry of `model` (None: the config has no MLA latent, so no ESS sizing applies).
-    Raises PreflightError when the config cannot be read."""
+def load_geometry(model: str, trust_remote_code: bool = False, revision: Optional[str] = None):
+    """The latent geometry of `model` (a ModelGeometry; for DeepSeek-V4 a v4_plan.V4Model; None: the config
+    has no MLA latent, so no ESS sizing applies). Raises PreflightError when the config cannot be read."""
     from transformers import AutoConfig
 
     try:
@@ -33,8 +32,18 @@ def load_geometry(model: str, trust_remote_code: bool = False, revision: Optiona
 
     check_model_supported(cfg)          # the model table (models/families.py): outside it, exit 2 before loading
     if "DeepseekV4ForCausalLM" in (getattr(cfg, "architectures", None) or []):
-        return None    # no DSA latent pool: its C4 store is sized where it is built (dsv4/ess_setup.py)
+        return v4_model_of(cfg)          # no DSA latent pool: sized by v4_plan.py
     return geometry_of(cfg)
+
+
+def v4_model_of(cfg):
+    """A DeepSeek-V4 config as v4_plan.py sizes it: its text config's keys and SGLang's context length."""
+    from sglang.srt.utils.hf_transformers.common import get_context_length
+
+    from .v4_plan import V4Model
+
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return V4Model(config=text.to_dict(), context_len=get_context_length(text))
 
 
 def _as_sglang_reads_it(model: str, cfg, trust_remote_code: bool, revision: Optional[str]):

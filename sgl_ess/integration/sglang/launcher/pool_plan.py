@@ -13,7 +13,8 @@ The node's pools together are then checked against usable host memory. Device by
 store's whole device allocation (StoreConfig.device_allocation of the StoreConfig the scheduler will
 build, pools/pool_adapter.store_config: hot buffers with the slots per request per layer of
 core/hot_slots.py, staging rings, speculative rows, LRU state, token map, counters), checked against
-the GPU's memory when it is known. An MTP draft model's store is not included. Owns no memory.
+the GPU's memory when it is known. An MTP draft model's store is not included. DeepSeek-V4 (no DSA
+latent: its C4 entries in ESS's host store) is sized by v4_plan.py. Owns no memory.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sgl_ess.serving import host_memory
 from sgl_ess.serving.preflight import (DSA_PAGE_SIZE, ModelGeometry, PreflightError, check_hot_slots,
                                        hot_slots_per_request, resolve_pool_tokens)
 
+from . import v4_plan
 from .argv_view import flag_value, has_flag, int_flag, parallel_layout, pools_per_node
 from .node_devices import GIB, NodeDevices
 
@@ -36,7 +38,8 @@ logger = logging.getLogger("sgl_ess")
 DEFAULT_HOST_TOKENS = 65536          # ESS on, CPU: host pool tokens when nothing sizes it
 DEFAULT_DEVICE_TOKENS = 16384        # ESS off: device pool tokens when nothing sizes it
 
-GeometryReader = Callable[[str, bool, Optional[str]], Optional[ModelGeometry]]
+# returns a ModelGeometry, a v4_plan.V4Model for DeepSeek-V4, or None (no MLA latent)
+GeometryReader = Callable[[str, bool, Optional[str]], Optional[object]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +55,8 @@ def read_geometry(model: str, trust_remote_code: bool, revision: Optional[str]) 
     from .model_config import _as_sglang_reads_it, load_geometry
 
     geo = load_geometry(model, trust_remote_code, revision)
-    if geo is None:
-        return None
+    if not isinstance(geo, ModelGeometry):
+        return geo                                        # None, or DeepSeek-V4's V4Model (v4_plan.py)
     # read again as load_geometry did (it succeeded, so this does): its value is not returned by it
     cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code, revision=revision)
     cfg = _as_sglang_reads_it(model, cfg, trust_remote_code, revision)
@@ -95,12 +98,15 @@ def kv_cache_dtype(out: list[str], devices: NodeDevices) -> tuple[str, str]:
 
 def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: GeometryReader = read_geometry
          ) -> tuple[dict, Optional[ModelGeometry]]:
-    """(the sizing of `out`, the model's geometry as sized: None with ESS off or without an MLA latent).
-    `out` is the SGLang argv so far; --max-total-tokens is appended when the launcher chose it. Raises
-    PreflightError."""
+    """(the sizing of `out`, the model's geometry as sized: None with ESS off or without an MLA latent, and
+    for DeepSeek-V4, whose sizing is ``sizing["dsv4"]``, v4_plan.py). `out` is the SGLang argv so far;
+    --max-total-tokens is appended when the launcher chose it. Raises PreflightError."""
     has_cuda = devices.has_cuda
     model = flag_value(out, "--model-path") or ""
     geo = geometry(model, has_flag(out, "--trust-remote-code"), flag_value(out, "--revision")) if cfg.enabled else None
+    v4, geo = (geo, None) if isinstance(geo, v4_plan.V4Model) else (None, geo)
+    if v4 is not None:
+        check_v4(model, v4, cfg, devices)
     kv_dtype, kv_dtype_source = kv_cache_dtype(out, devices)
     if geo is not None and kv_dtype == "fp8_e4m3":
         geo = fp8_geometry(geo)
@@ -135,6 +141,9 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
               "host_memory": {"mem_total_bytes": info.get("MemTotal"), "mem_available_bytes": info.get("MemAvailable"),
                               "usable_bytes": usable, "source": devices.host_memory_source()},
               "devices": dataclasses.asdict(devices)}
+    if v4 is not None:
+        sizing["dsv4"] = v4_plan.plan(model, v4, cfg, int_flag(out, "--max-running-requests"),
+                                      int_flag(out, "--context-length"), usable)
     if cfg.enabled and geo is not None:
         sizing["model"] = {"path": model, "layers": geo.layers, "latent_row_bytes": geo.latent_row_bytes,
                            "index_topk": geo.index_topk, "kv_cache_dtype": kv_dtype,
@@ -167,6 +176,23 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
         if has_cuda:
             check_gpus(devices, lay["ranks_per_node"], sizing.get("device_bytes_per_device"))
     return sizing, geo
+
+
+def check_v4(model: str, v4, cfg: EssConfig, devices: NodeDevices) -> None:
+    """What the launcher refuses for DeepSeek-V4 with ESS on before sizing it: a CUDA node (ESS serves V4 on
+    the CPU dsv4 arm only; model_support refuses it when the node running the launcher has CUDA, this
+    when --ess-explain-device plans for one) and --ess-memory-pool-size-gb (V4's host store holds request
+    rows x context, not a token budget). Raises PreflightError."""
+    if devices.has_cuda:
+        from sgl_ess.sim.dsv4 import config_summary
+
+        raise PreflightError(f"--model-path {model}: ESS serves DeepseekV4ForCausalLM on the CPU dsv4 arm only, not "
+                             f"on a CUDA node ({devices.source}); serve it there with --ess-enabled false. "
+                             + config_summary(v4.config))
+    if cfg.memory_pool_size_gb:
+        raise PreflightError(f"--ess-memory-pool-size-gb {cfg.memory_pool_size_gb:g}: DeepSeek-V4's ESS host store "
+                             "holds a fixed number of C4 entries per request row, sized by --max-running-requests and "
+                             "--context-length, not a token budget; drop --ess-memory-pool-size-gb")
 
 
 def store_device_bytes(cfg: EssConfig, geo: ModelGeometry, out: list[str], running: int, lay: dict,

@@ -1,0 +1,140 @@
+"""Issue 37, "what it must show": ``python -m sgl_ess.launch_server ... --ess-explain`` knows DeepSeek-V4.
+
+The launcher's main() runs in this process (no server starts: --ess-explain prints its plan and exits 0, a
+refusal exits 2), host memory fixed by a stub /proc/meminfo. For the tiny V4 (sgl_ess/models/tiny_dsv4) every
+number of the plan is recomputed here from its config.json by hand: what goes to host (C4 entries, 1 per 4
+tokens per C4 layer, float32 rows on this CPU vs the 584-byte FP8 layout of a GPU node), the host store
+(request rows x entries per request), what stays on the device per request (the fixed window, C128 entries,
+index keys, compressor state) and the hot buffer. A V4-Flash-shaped config.json gives the simulator's host
+bytes per token (3066). The StoreConfig the plan sizes is the one dsv4/c4_store.C4EntryStore builds."""
+
+import json
+import os
+
+import pytest
+
+from ._server import REPO, free_port
+from .conftest import _need_sglang
+
+pytestmark = pytest.mark.integration
+TINY = os.path.join(REPO, "sgl_ess", "models", "tiny_dsv4")
+GB = 10 ** 9
+MEM = {"MemTotal": 512 * GB, "MemAvailable": 400 * GB}
+
+
+@pytest.fixture()
+def launch(monkeypatch, capsys):
+    """Run the launcher's main() on `args`: (exit code, stdout, stderr)."""
+    _need_sglang()
+    from sgl_ess.serving import host_memory
+    from sgl_ess.integration.sglang.launcher.server_args import main
+
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": dict(MEM))
+
+    def run(*args):
+        with pytest.raises(SystemExit) as e:
+            main(["--port", str(free_port()), "--load-format", "dummy", *args])
+        out = capsys.readouterr()
+        return e.value.code, out.out, out.err
+    return run
+
+
+def _plan_line(out: str, start: str) -> str:
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith(start)]
+    assert len(lines) == 1, (start, out)
+    return lines[0]
+
+
+def _bytes(line: str, label: str) -> int:
+    """The exact byte count printed after `label` ("... label 1.794 MB (1794048 B)")."""
+    rest = line.split(label, 1)[1]
+    return int(rest.split("(", 1)[1].split(" B)", 1)[0])
+
+
+def test_tiny_v4_plan_numbers_from_its_config(launch):
+    with open(os.path.join(TINY, "config.json")) as fh:
+        cfg = json.load(fh)
+    ratios = cfg["compress_ratios"]
+    c4, c128, layers = ratios.count(4), ratios.count(128), len(ratios)
+    nope, rope = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    d, k = nope + rope, cfg["index_topk"]
+    running, ctx = 3, cfg["max_position_embeddings"]            # no rope-scaled context: 8192
+    code, out, err = launch("--model-path", TINY, "--max-running-requests", str(running), "--ess-explain")
+    assert code == 0, err
+    assert "no MLA latent" not in out
+
+    # host: the C4 entries; here float32 [d], on a GPU node SGLang's FP8 layout
+    here = 4 * d
+    fp8 = nope + nope // 64 + 1 + 2 * rope         # FP8 NoPE + 1 scale byte per 64 + 1 pad + BF16 RoPE
+    assert (here, fp8) == (2048, 584)
+    assert f"{c4} C4 (layers 2, 4) + {c128} C128 + 2 window only" in out
+    assert f"host bytes per token {c4 * here // 4} = {c4} C4 layers x {here} B / 4" in out
+    assert f"SGLang's V4 FP8 layout, {fp8} B" in out and f"host bytes per token {c4 * fp8 // 4} = " in out
+    rows, entries = running + 1, (ctx + 4) // 4                   # SGLang's padding row; req_to_token + 4
+    host = _plan_line(out, "host store:")
+    assert _bytes(host, "host store:") == rows * entries * c4 * here
+    assert f"{rows} request rows" in host and f"{entries} entries per request" in host
+
+    # the device, per request at the context length, in SGLang's V4 layout
+    dev = _plan_line(out, "on the device, per request")
+    window = layers * 2 * 256 * fp8                # 128-token window: at most 2 SWA pages of 256 per layer
+    c128_entries = c128 * (ctx // 128) * fp8
+    keys = c4 * (ctx // 4) * (128 + 4)             # index keys: FP8 [128] + a 4-byte scale
+    # SGLang's compressor rings, float32: C4 8 rows of 2 x 2 x head_dim (+ its indexer's at 128); C128 128 of 2 x d
+    state = c4 * 8 * (4 * d + 4 * cfg["index_head_dim"]) * 4 + c128 * 128 * 2 * d * 4
+    assert _bytes(dev, "window") == window and _bytes(dev, "C128 entries") == c128_entries
+    assert _bytes(dev, "C4 index keys") == keys and _bytes(dev, "compressor state") == state
+    assert _bytes(dev, "context tokens):") == window + c128_entries + keys + state
+    assert "fixed per request" in dev
+
+    # the hot buffer: 4 x index_topk entries per request and C4 layer by default
+    hot = _plan_line(out, "hot buffer:")
+    assert f"{4 * k} C4 entries per request and C4 layer" in hot and f"needs >= index_topk + 1 = {k + 1}" in hot
+    assert _bytes(hot, f"{here} B =") == c4 * 4 * k * here
+    assert _bytes(hot, "per request here (") == c4 * 4 * k * fp8
+
+
+def test_the_planned_store_is_the_one_the_runner_builds(launch):
+    """v4_plan.store_config for the sizes it planned = C4EntryStore's own StoreConfig for the same sizes."""
+    from sgl_ess.integration.sglang.dsv4.c4_store import C4EntryStore
+    from sgl_ess.integration.sglang.launcher import v4_plan
+
+    rows, ctx, hot = 3, 256, 40
+    store = C4EntryStore([2, 4], 512, 32, rows, ctx + v4_plan.REQ_TO_TOKEN_EXTRA_TOKENS, hot)
+    try:
+        assert v4_plan.store_config(2, 512, 32, rows, (ctx + 4) // 4, hot, 32) == store.cfg
+    finally:
+        store.shutdown()
+    code, out, err = launch("--model-path", TINY, "--max-running-requests", str(rows - 1), "--context-length",
+                            str(ctx), "--ess-hot-slots-per-request", str(hot), "--ess-explain")
+    assert code == 0, err
+    line = _plan_line(out, "hot buffer:")
+    assert _bytes(line, "LRU state for 3 request rows:") == sum(store.cfg.device_allocation().values())
+    assert _bytes(_plan_line(out, "host store:"), "host store:") == store.cfg.host_bytes
+
+
+def test_v4_flash_shaped_config_host_bytes_per_token_is_the_simulators(launch, tmp_path):
+    from sgl_ess.sim.dsv4 import V4Spec, host_bytes_per_token
+
+    ratios = [0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, 43)]
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": 43,
+        "compress_ratios": ratios, "qk_nope_head_dim": 448, "qk_rope_head_dim": 64, "head_dim": 512,
+        "index_head_dim": 128, "index_topk": 512}))
+    code, out, err = launch("--model-path", str(tmp_path), "--max-running-requests", "1", "--context-length", "4096",
+                            "--ess-explain")
+    assert code == 0, err
+    sim = host_bytes_per_token(V4Spec.load("deepseek_v4_flash"))
+    assert sim == 21 * 584 / 4 == 3066
+    assert f"host bytes per token {sim:g} = 21 x 584 B / 4" in out
+
+
+def test_what_v4_with_ess_does_not_serve_is_refused_before_loading(launch):
+    code, _, err = launch("--model-path", TINY, "--ess-explain", "--ess-explain-device", "cuda:8:141")
+    assert code == 2 and "on the CPU dsv4 arm only" in err and "--ess-enabled false" in err, err
+    code, _, err = launch("--model-path", TINY, "--ess-memory-pool-size-gb", "4", "--ess-explain")
+    assert code == 2 and "drop --ess-memory-pool-size-gb" in err, err
+    code, _, err = launch("--model-path", TINY, "--ess-hot-slots-per-request", "32", "--ess-explain")
+    assert code == 2 and "index_topk=32 needs >= 33" in err, err
+    code, out, err = launch("--model-path", TINY, "--ess-enabled", "false", "--ess-explain")
+    assert code == 0 and "ESS plan (ESS off)" in out, err

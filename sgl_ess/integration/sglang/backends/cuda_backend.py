@@ -263,7 +263,8 @@ class _CudaKernels:
     def slots(self, q3, layer, slot_rows, slots):
         b = self.b
         impl = b.dsa_decode_impl
-        # the Triton decode: any GPU, split attention (LSE); also the riding decode rows of a mixed
+        # the Triton decode: GPUs whose shared memory fits it (kernels/sparse_mla_smem.py picks its stages, refuses
+        # the rest), split attention (LSE); also the riding decode rows of a mixed
         # chunked-prefill batch (b._call set: inside an extend), for which SGLang's extend metadata
         # holds no FlashMLA decode metadata
         if impl not in SUPPORTED_DECODE_IMPLS or b._call is not None:

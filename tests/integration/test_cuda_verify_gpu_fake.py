@@ -52,6 +52,22 @@ def _write(runner, layers, locs, gen):
                                x[:, fr.KV_LORA:].to(torch.bfloat16))
 
 
+def prefill(backend, runner, rows, prompts, gen):
+    """New requests' rows written (SGLang's FP8 quantizer), then their last CHUNK tokens prefilled, which
+    opens and warms their hot buffers. Returns req_to_token."""
+    r2t = runner.req_to_token_pool.req_to_token
+    fr.place_requests(runner.req_to_token_pool, rows, [p + 64 for p in prompts])
+    _write(runner, range(LAYERS), torch.cat([r2t[r, :p] for r, p in zip(rows, prompts)]).long(), gen)
+    fb = cuda_batch("EXTEND", rows, prompts, torch.cat([r2t[r, p - CHUNK:p] for r, p in zip(rows, prompts)]),
+                    extend_lens=[CHUNK] * len(rows), prefix_lens=[p - CHUNK for p in prompts])
+    backend.init_forward_metadata(fb)
+    qpos = [p - CHUNK + j for p in prompts for j in range(CHUNK)]
+    for li in range(LAYERS):
+        backend.forward_extend(fr.query(gen, len(qpos)), None, None, cuda_layer(li), fb, save_kv_cache=False,
+                               topk_indices=fr.causal_topk(gen, qpos))
+    return r2t
+
+
 def _check(out, want, what):
     err = float((out.float().reshape(want.shape) - want).abs().max())
     bound = float(want.abs().max()) * BF16_ULP + 1e-6
@@ -69,16 +85,7 @@ def test_fp8_mtp_verify_runs_sglangs_kernel_over_the_slot_table(fp8_mtp, monkeyp
     monkeypatch.setattr(torch_attention, "attend", lambda *a, **k: torch_calls.append(1))
     gen = torch.Generator().manual_seed(35)
     rows, prompts = [1, 2, 3], [150, 90, 200]
-    r2t = runner.req_to_token_pool.req_to_token
-    fr.place_requests(runner.req_to_token_pool, rows, [p + 64 for p in prompts])
-    _write(runner, range(LAYERS), torch.cat([r2t[r, :p] for r, p in zip(rows, prompts)]).long(), gen)
-    fb = cuda_batch("EXTEND", rows, prompts, torch.cat([r2t[r, p - CHUNK:p] for r, p in zip(rows, prompts)]),
-                    extend_lens=[CHUNK] * 3, prefix_lens=[p - CHUNK for p in prompts])
-    backend.init_forward_metadata(fb)
-    qpos = [p - CHUNK + j for p in prompts for j in range(CHUNK)]
-    for li in range(LAYERS):                 # prefill: opens and warms the hot buffers
-        backend.forward_extend(fr.query(gen, len(qpos)), None, None, cuda_layer(li), fb, save_kv_cache=False,
-                               topk_indices=fr.causal_topk(gen, qpos))
+    r2t = prefill(backend, runner, rows, prompts, gen)
     committed, accept = list(prompts), [[1, 4, 2], [4, 1, 3], [2, 3, 1]]
     tok_req = torch.repeat_interleave(torch.tensor(rows), NDRAFT)
     for it in range(3):

@@ -17,7 +17,7 @@ from sgl_ess.attention.sink_reference import sink_attention  # noqa: E402
 from . import _fake_runner as fr  # noqa: E402
 from ._cuda_fake import FP32_U, cuda_batch, cuda_layer, dequant_flashmla_fp8, reference  # noqa: E402
 from ._spec_fixtures import ess_env  # noqa: E402,F401
-from .test_cuda_verify_gpu_fake import CHUNK, LAYERS, NDRAFT, _write, fp8_mtp  # noqa: E402,F401
+from .test_cuda_verify_gpu_fake import LAYERS, NDRAFT, _write, fp8_mtp, prefill  # noqa: E402,F401
 
 pytestmark = pytest.mark.integration
 BF16_ULP = 2.0 ** -8
@@ -35,16 +35,7 @@ def test_fp8_mtp_verify_counts_the_sink(fp8_mtp):
     hot, backend, runner, stub = fp8_mtp
     gen = torch.Generator().manual_seed(34)
     rows, prompts = [1, 2], [150, 90]
-    r2t = runner.req_to_token_pool.req_to_token
-    fr.place_requests(runner.req_to_token_pool, rows, [p + 64 for p in prompts])
-    _write(runner, range(LAYERS), torch.cat([r2t[r, :p] for r, p in zip(rows, prompts)]).long(), gen)
-    fb = cuda_batch("EXTEND", rows, prompts, torch.cat([r2t[r, p - CHUNK:p] for r, p in zip(rows, prompts)]),
-                    extend_lens=[CHUNK] * 2, prefix_lens=[p - CHUNK for p in prompts])
-    backend.init_forward_metadata(fb)
-    qpos = [p - CHUNK + j for p in prompts for j in range(CHUNK)]
-    for li in range(LAYERS):                 # prefill: opens and warms the hot buffers
-        backend.forward_extend(fr.query(gen, len(qpos)), None, None, cuda_layer(li), fb, save_kv_cache=False,
-                               topk_indices=fr.causal_topk(gen, qpos))
+    r2t = prefill(backend, runner, rows, prompts, gen)     # opens and warms the hot buffers
     committed, accept = list(prompts), [[2, 3], [4, 1]]
     tok_req = torch.repeat_interleave(torch.tensor(rows), NDRAFT)
     checked = 0

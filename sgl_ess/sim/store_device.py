@@ -13,6 +13,8 @@ sgl_ess.store.StoreConfig.device_allocation counts (the sim imports no torch, so
   token_map    int32 per (request row + 1, context token + 1)
   counters     8 B x (2 x layers x rows + 6 x layers)
   engine       the stream engine's zero row + 4 int64 counters
+  plan_scratch the Triton plan epilogue's redirect rows (int32 per micro-batch, request row, hot slot + 1)
+               + write_slots(padded=True)'s iota (int64 per request row)
 Request rows = --max-running-requests per DP-attention worker + SGLang's padding row; the launcher's
 defaults are taken for what a plan does not set (ring slots derived, speculative prefetch off, one hot
 buffer per row). Indexer keys are SGLang's own index-key buffer, not the store's: they are not here.
@@ -51,7 +53,8 @@ def store_device_allocation(*, layers: int, row_bytes: int, topk: int, request_r
             "token_map": (r + 1) * (context_tokens + 1) * 4,
             "counters": 8 * (2 * layers * r + 6 * layers),
             "group_map": 0, "speculative": 0,
-            "engine": row_bytes + 8 * (RESOLVER_TIERS + 1)}
+            "engine": row_bytes + 8 * (RESOLVER_TIERS + 1),
+            "plan_scratch": 4 * RING_MICRO_BATCHES * r * (n + 1) + 8 * r}
 
 
 def hot_slots(m: ModelSpec, ratio: float, context: int) -> int:

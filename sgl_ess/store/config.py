@@ -161,7 +161,9 @@ class StoreConfig:
         (layer, hot buffer + the padding row), the resolver's token map and the counters. What
         SGLang's GPU budget must leave room for (integration/sglang/pools/cuda_memory.py); with spec
         rows, the speculative stager's counters; and the CUDA stream engine's zero row and row counters
-        (prefetch/stream_engine.py). Built at start: scratch a step allocates later is not in it."""
+        (prefetch/stream_engine.py); the plan scratch: the Triton plan epilogue's redirect rows (int32
+        [micro-batches, max_requests, N + 1]) and write_slots(padded=True)'s 0..max_requests-1 (int64).
+        Everything is built at start, so what a step uses later is in it."""
         n_layers, r, n = self.num_layers, self.groups, self.hot_slots_per_request
         staged = self.ring_groups * self.ring_slots_per_group + 2 * self.spec_slots
         verify = self.max_requests * self.verify_rows_per_request     # MTP window / overflow rows (no tags)
@@ -175,7 +177,9 @@ class StoreConfig:
                 # store/speculative.py: rows staged and used per layer, two [2] accuracy counters
                 "speculative": 8 * (2 * n_layers + 4) if self.spec_slots else 0,
                 # zero row, rows moved per tier (3: prefetch/plan.TIERS), rows zeroed
-                "engine": self.row_bytes + 8 * (3 + 1)}
+                "engine": self.row_bytes + 8 * (3 + 1),
+                # plan scratch (LatentStore.__init__): redirect int32 [micro-batches, R, N + 1] + iota int64 [R]
+                "plan_scratch": 4 * self.ring_micro_batches * self.max_requests * (n + 1) + 8 * self.max_requests}
 
 
 def hot_slots_for(topk: int, *, context_tokens: int | None = None, ratio: float | None = None,

@@ -163,8 +163,12 @@ class LatentStore:
         self._seq = 0
         self._group_fence: dict[int, Ticket] = {}     # ring group -> commit that must land first
         self._layer_fence: dict[int, list[Ticket]] = {}   # layer -> warmups that must land first
-        self._redirect = None                          # the Triton plan epilogue's scratch (first use)
-        self._iota = None                              # 0..b-1 for write_slots(padded=True) (first use)
+        # plan scratch, allocated here so it is in the device budget (StoreConfig.device_allocation):
+        # the Triton plan epilogue's redirect rows, zero between calls, int32 [micro-batches, R, N + 1];
+        # write_slots(padded=True)'s source rows 0..R-1, int64 [R]
+        self._redirect = torch.zeros((cfg.ring_micro_batches, cfg.max_requests, cfg.hot_slots_per_request + 1),
+                                     dtype=torch.int32, device=dev)
+        self._iota = torch.arange(cfg.max_requests, dtype=torch.int64, device=dev)
         # zeroing that must land before host writes: each zero plan and the layers already fenced
         self._host_fence: list[tuple[Ticket, set[int]]] = []
         # a writer outside every stream may reuse released host locations (a PD decode node: Mooncake /
@@ -581,9 +585,6 @@ class LatentStore:
 
     def _redirect_scratch(self, micro_batch: int) -> torch.Tensor:
         """The Triton plan epilogue's zeroed scratch, one per micro-batch (int32 [R, N + 1])."""
-        if self._redirect is None:
-            self._redirect = torch.zeros((self.cfg.ring_micro_batches, self.cfg.max_requests,
-                                          self.cfg.hot_slots_per_request + 1), dtype=torch.int32, device=self.device)
         return self._redirect[micro_batch]
 
     def next_seq(self) -> int:
@@ -703,8 +704,9 @@ class LatentStore:
             self.slots.rows.index_copy_(0, rows, data)
             return
         b = rows.numel()
-        if self._iota is None or self._iota.numel() < b:
-            self._iota = torch.arange(max(b, self.cfg.max_requests), device=self.device)
+        if b > self._iota.numel():
+            raise ValueError(f"write_slots(padded=True): {b} rows, more than the store's {self._iota.numel()} request "
+                             "rows (a padded batch holds at most one row per request row; --max-running-requests)")
         copy_rows(data, self._iota[:b], self.slots.rows, rows, self.transfer_backend)
 
     def append(self, layer: int, reqs: torch.Tensor, positions: torch.Tensor, data: torch.Tensor,

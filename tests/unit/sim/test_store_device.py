@@ -17,7 +17,9 @@ def test_hand_case():
                                 lru_tables=2, draft_tokens=2)
     # ring: 8 groups x max(4, 2 x 4 // 8) = 32 rows; MTP: 2 x (2 + (2 x 4 - 5)) = 10 rows; hot 3 x 2 x 5 = 30
     assert a == {"slot_rows": 128 * 656, "ring_tags": 8 * 32, "lru_state": 2 * 3 * 5 * 12, "token_map": 3 * 11 * 4,
-                 "counters": 8 * (2 * 3 * 2 + 6 * 3), "group_map": 0, "speculative": 0, "engine": 656 + 32}
+                 "counters": 8 * (2 * 3 * 2 + 6 * 3), "group_map": 0, "speculative": 0, "engine": 656 + 32,
+                 # redirect int32 [4 micro-batches, 2 rows, 5 + 1] + iota int64 [2 rows]
+                 "plan_scratch": 4 * 4 * 2 * 6 + 8 * 2}
 
 
 CASES = [  # layers, row, topk, rows, hot, ctx, anchors, draft

@@ -101,7 +101,7 @@ def test_decode_graphs_with_ess_need_the_ess_flag():
     (["--speculative-algorithm", "EAGLE"], {}, {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "0"},
      "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=0"),
     (["--enable-two-batch-overlap", "--speculative-algorithm", "EAGLE"], {},
-     {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}, "TBO children's TARGET_VERIFY"),
+     {"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "0"}, "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=0"),
     ([], {"prefetch_engine": "worker"}, {}, "--ess-prefetch-engine worker"),
     ([], {"speculative_prefetch": "next_layer"}, {}, "--ess-speculative-prefetch"),
     ([], {"share_host_pool": "on"}, {}, "--ess-share-host-pool on"),
@@ -131,13 +131,21 @@ def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, fla
         out, _ = ld.fill_defaults([*off, *argv], _cfg(cuda_graph="true", **flags), has_cuda=True)
 
 
-def test_ess_cuda_graph_serves_two_batch_overlap_decode(monkeypatch):
-    """TBO without MTP with --ess-cuda-graph (issue 35 item 3): accepted, its children's decode captured
-    (tests/integration/test_cuda_graph_tbo_gpu_fake.py); with MTP refused (the table above)."""
+def test_ess_cuda_graph_serves_two_batch_overlap_decode_and_verify(monkeypatch):
+    """TBO with --ess-cuda-graph (issue 35 item 3): accepted without MTP (its children's decode captured,
+    tests/integration/test_cuda_graph_tbo_gpu_fake.py) and with MTP (its children's TARGET_VERIFY captured,
+    tests/integration/test_cuda_graph_tbo_verify_gpu_fake.py; the draft extend eager as without TBO)."""
     monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
                                                                               "MemAvailable": 40 * GB})
     out, _ = ld.fill_defaults(["--enable-two-batch-overlap"], _cfg(cuda_graph="true"), has_cuda=True)
     assert ld.decode_graphs_on(out) and av.has_flag(out, "--enable-two-batch-overlap")
+    env = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
+    monkeypatch.delenv(env, raising=False)
+    mtp = ["--enable-two-batch-overlap", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+           "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    out, _ = ld.fill_defaults(mtp, _cfg(cuda_graph="true"), has_cuda=True)
+    assert ld.decode_graphs_on(out) and av.has_flag(out, "--enable-two-batch-overlap")
+    assert os.environ[env] == "1"
     # the other refusals still hold with TBO
     with pytest.raises(PreflightError, match="--ess-speculative-prefetch"):
         ld.fill_defaults(["--enable-two-batch-overlap"], _cfg(cuda_graph="true", speculative_prefetch="next_layer"),
@@ -162,8 +170,7 @@ def test_ess_cuda_graph_serves_mtp_with_the_draft_extend_eager(monkeypatch, algo
     monkeypatch.setenv(env, "true")
     ld.fill_defaults(mtp, _cfg(cuda_graph="true"), has_cuda=True)
     assert os.environ[env] == "true"
-    with pytest.raises(PreflightError, match="TBO children's TARGET_VERIFY"):
-        ld.fill_defaults([*mtp, "--enable-two-batch-overlap"], _cfg(cuda_graph="true"), has_cuda=True)
+    ld.fill_defaults([*mtp, "--enable-two-batch-overlap"], _cfg(cuda_graph="true"), has_cuda=True)   # TBO too
     monkeypatch.delenv(env)
     ld.fill_defaults(mtp, _cfg(), has_cuda=True)       # no --ess-cuda-graph: SGLang's env left alone
     assert env not in os.environ

@@ -31,7 +31,7 @@ prefill: the prefill rows run SGLang's extend kernel (the riding decode rows' to
 the riding decode rows the store's decode path. A decode step reads nothing back to the host (padding rows from SGLang's
 count of real tokens, padding.py; the write-position check a device-side assertion; checked in the
 GPU fake). Decode CUDA graphs are off unless ``--ess-cuda-graph`` (cuda_graph.py: SGLang's capture
-batches - target decode (each Two-Batch-Overlap child's micro-batch too), MTP TARGET_VERIFY, EAGLE draft
+batches - target decode and MTP TARGET_VERIFY (each Two-Batch-Overlap child's micro-batch too), EAGLE draft
 steps through ESS's multi-step container, cuda_multistep.py - take device-padded paths, the side streams
 join the graph at its last layer, and ``init_forward_metadata_out_graph`` / ``on_after_cuda_graph_warmup``
 order eager work around the graph, once per step: a TBO child leaves both hooks to the primary; a draft

@@ -34,10 +34,13 @@ Which steps are captured (issue 35 item 3), each through SGLang's own graph hook
     (slices of the graph's static buffers, ``tbo_parent_token_range`` set) and each child's forwards go to
     ``StoreForward._decode_graph`` over those rows (padding -1), planned in the child's own ring groups
     (``micro_batch_base``); the store's capture / warm-up / replay hooks run once, from the primary;
-  * TBO with MTP (the children's TARGET_VERIFY), speculative prefetch, a shared host pool, split fetch, the
-    EAGLE draft extend (DRAFT_EXTEND_V2, which SGLang captures for the DSA backend unless
-    SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH): not captured (refused by the launcher, the TBO children's verify
-    and the draft extend again by the backend at capture, the store options by
+  * Two-Batch-Overlap MTP TARGET_VERIFY: SGLang splits the verify graph's batch at bs // 2 requests and
+    their n draft tokens each (two_batch_overlap.get_token_num_per_seq = draft_token_num); each child's
+    ``forward_extend`` of its capture batch goes to ``graph_verify`` over its micro-batch (its requests'
+    rows of the padded batch, padding -1), in its own ring groups; the MTP scratch rows are per request row;
+  * speculative prefetch, a shared host pool, split fetch, the EAGLE draft extend (DRAFT_EXTEND_V2, which
+    SGLang captures for the DSA backend unless SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH): not captured (refused
+    by the launcher, the draft extend again by the backend at capture, the store options by
     ``EssPoolAdapter._check_graph_mode``).
 Each captured step is checked on CPU against its eager twin, bit for bit, with the graph double
 (tests/integration/test_cuda_graph*_gpu_fake.py); none has been captured on a GPU.
@@ -88,7 +91,8 @@ def verify_graph_rows(forward_batch, n: int) -> torch.Tensor:
 def graph_verify(fwd, q: torch.Tensor, layer, forward_batch, topk: torch.Tensor, sink=None) -> torch.Tensor:
     """One layer of an EAGLE/MTP TARGET_VERIFY step inside a captured CUDA graph (the target runner's
     graph of ``bs`` requests x n draft tokens, SGLang's decode graph runner with capture mode
-    TARGET_VERIFY): the store's union (``EssPoolAdapter.verify``) over the whole padded batch, padding
+    TARGET_VERIFY): the store's union (``EssPoolAdapter.verify``) over the whole padded batch (a Two-Batch-
+    Overlap child: its micro-batch's requests and their tokens, planned in ``micro_batch_base``), padding
     requests -1 (found on the device), read by slot by the kernels' ``verify_slots`` (SGLang's FlashMLA
     decode over the slot table), the same launches whatever the batch holds. `fwd` is the backend's
     store_forward.StoreForward; q [bs*n, H*D] absorbed queries; topk int [bs*n, k] positions. Returns

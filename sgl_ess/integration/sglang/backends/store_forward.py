@@ -17,8 +17,8 @@ verifying and closing hot buffers happen here, once.
                            (``EssPoolAdapter.decode``); an EAGLE draft step reads committed rows only
 SGLang's padding rows (DP attention, TBO children, an idle DP rank's fabricated extend: padding.py)
 never reach the store: they are cut off before it is called and their outputs are zero. A graph's
-batch (--ess-cuda-graph, cuda_graph.py: target decode, TBO children's decode, MTP TARGET_VERIFY, EAGLE draft
-decode steps) is
+batch (--ess-cuda-graph, cuda_graph.py: target decode and MTP TARGET_VERIFY, each also per TBO child, EAGLE
+draft decode steps) is
 not cut on the host: its padding rows go to the store as request row -1, found on the device, and
 touch nothing.
 Learnable attention sinks (Hunyuan V4, `sink` float [H] per layer, None for other models) reach every
@@ -193,15 +193,17 @@ class StoreForward:
 
     def _extend_graph(self, q, layer, forward_batch, topk, sink=None) -> torch.Tensor:
         """An EXTEND-family step SGLang captures in a CUDA graph: only the target's TARGET_VERIFY (SGLang's
-        decode graph runner in capture mode TARGET_VERIFY) is held, by cuda_graph.graph_verify."""
+        decode graph runner in capture mode TARGET_VERIFY) is held, by cuda_graph.graph_verify: the whole
+        padded batch, or a Two-Batch-Overlap child's micro-batch (its requests' rows of the padded batch and
+        their draft tokens, SGLang's split at bs // 2 requests), planned in the child's ring groups."""
         mode = forward_batch.forward_mode
         b = self.backend
-        if mode.is_target_verify() and b.spec_role == ROLE_TARGET and not getattr(b, "tbo_child", False):
+        if mode.is_target_verify() and b.spec_role == ROLE_TARGET:
             return graph_verify(self, q, layer, forward_batch, topk, sink)
         raise RuntimeError(f"ESS CUDA graphs: SGLang captures a {mode.name} step of the {b.spec_role} "
                            f"backend{' (a TBO child)' if getattr(b, 'tbo_child', False) else ''}, which ESS does not "
-                           "hold (captured: target decode and its TBO children, MTP TARGET_VERIFY without TBO, EAGLE "
-                           "draft decode steps; not the draft extend); drop --ess-cuda-graph to run eager")
+                           "hold (captured: target decode and MTP TARGET_VERIFY, with or without TBO, EAGLE draft "
+                           "decode steps; not the draft extend); drop --ess-cuda-graph to run eager")
 
     def verify(self, q, layer, forward_batch, topk, lay: QueryLayout, sink=None):
         """TARGET_VERIFY / DRAFT_EXTEND_V2: each request's n query tokens sit at committed ..

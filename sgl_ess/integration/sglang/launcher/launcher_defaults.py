@@ -193,8 +193,9 @@ def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
     SGLang modes whose graphs ESS does not capture. MTP (EAGLE / NextN) is captured: the target's
     TARGET_VERIFY and the draft's decode steps (backends/cuda_graph.py); the draft extend is not, so unless
     the user set it, ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1`` is put into `environ` (SGLang then runs that
-    step eager), and a value turning it back on is refused. Two-Batch Overlap's decode is captured (each
-    child's micro-batch, store_forward._decode_graph); TBO with MTP is not (its children's TARGET_VERIFY)."""
+    step eager), and a value turning it back on is refused. Two-Batch Overlap is captured, with or without MTP:
+    each child's micro-batch of a decode step (store_forward._decode_graph) and of a TARGET_VERIFY step
+    (store_forward._extend_graph -> cuda_graph.graph_verify)."""
     why = []
     mtp = flag_value(argv, "--speculative-algorithm") not in (None, "", "NONE", "none")
     if mtp:
@@ -207,9 +208,6 @@ def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
             why.append(f"MTP with {DRAFT_EXTEND_GRAPH_OFF}={off}: SGLang would capture the EAGLE draft extend "
                        "(DRAFT_EXTEND_V2), which ESS does not hold; unset it or set it to 1 (that step then runs "
                        "eager)")
-    if has_flag(argv, "--enable-two-batch-overlap") and mtp:
-        why.append("--enable-two-batch-overlap with MTP: the TBO children's TARGET_VERIFY steps are not captured "
-                   "with ESS (TBO decode is); drop one of them")
     if has_flag(argv, "--debug-cuda-graph"):
         why.append("--debug-cuda-graph: it needs SGLang's breakable graphs, which run attention outside the graph")
     if has_flag(argv, "--enable-torch-compile"):

@@ -112,6 +112,8 @@ class StoreForward:
         self.rope_dim = rope_dim
         self._layout_of = None
         self._riding_of = None
+        self._rows_of = None                    # (forward batch, its request rows as a host list)
+        self._tok_req_of = None                 # (forward batch, a prefill's request row per token)
         self.graph_batches = GraphBatches()     # SGLang's decode-graph capture batches (cuda_graph.py)
 
     @property
@@ -122,11 +124,11 @@ class StoreForward:
         """A new forward batch (both backends' init_forward_metadata): drop the per-batch caches and
         open the hot buffers of rows that start running in it (a PD decode node's transferred
         requests, pool_adapter.open_pending)."""
-        self._layout_of = self._riding_of = None
+        self._layout_of = self._riding_of = self._rows_of = self._tok_req_of = None
         self.ess.end_capture()                   # an eager forward: a decode graph's capture is over
         if self.ess.has_pending():
             n = real_rows(forward_batch).n_req
-            self.ess.open_pending(forward_batch.req_pool_indices[:n].tolist())
+            self.ess.open_pending(self.host_rows(forward_batch)[:n])
 
     def save(self, layer, forward_batch, write) -> None:
         """SGLang's KV write of this forward's latent rows (`write()`: the backend's own call into
@@ -155,6 +157,30 @@ class StoreForward:
             self._layout_of = cached
         return cached[1]
 
+    def host_rows(self, forward_batch) -> list[int]:
+        """The batch's request rows (``req_pool_indices``, padding rows included) as a host list: one
+        device read per forward batch (the eager extend paths), reused by every layer."""
+        cached = self._rows_of
+        if cached is None or cached[0] is not forward_batch:
+            cached = (forward_batch, forward_batch.req_pool_indices.tolist())
+            self._rows_of = cached
+        return cached[1]
+
+    def tok_req(self, forward_batch, lay: QueryLayout, n_tokens: int) -> torch.Tensor:
+        """int64 [n_tokens] on the batch's device: each prefill token's request row (DP padding tokens after
+        the last request read as row 0). Built once per forward batch, with its size known on the host (no
+        read-back of repeat_interleave's output size), reused by every layer; the kernels only read it."""
+        cached = self._tok_req_of
+        if cached is not None and cached[0] is forward_batch:
+            return cached[1]
+        reqs = forward_batch.req_pool_indices
+        tok_req = torch.repeat_interleave(reqs.long(), torch.tensor(lay.n_q, device=reqs.device),
+                                          output_size=sum(lay.n_q))
+        if tok_req.numel() < n_tokens:    # DP padding tokens after the last request: read as row 0
+            tok_req = torch.cat([tok_req, tok_req.new_zeros(n_tokens - tok_req.numel())])
+        self._tok_req_of = (forward_batch, tok_req)
+        return tok_req
+
     # --- extend ------------------------------------------------------------------------------
     def attend_slots(self, layer, sink):
         """The decode `attend(q3, slot_rows, slots)` of `layer` over the slot space: a single-call kernel
@@ -179,16 +205,14 @@ class StoreForward:
             return self.verify(q, layer, forward_batch, topk, lay, sink)
         if any(self.riding(forward_batch, lay)):
             return self.mixed(q, layer, forward_batch, topk, lay, sink)
-        reqs = forward_batch.req_pool_indices
-        tok_req = torch.repeat_interleave(reqs.long(), torch.tensor(lay.n_q, device=reqs.device))
-        if tok_req.numel() < q.shape[0]:    # DP padding tokens after the last request: read as row 0
-            tok_req = torch.cat([tok_req, tok_req.new_zeros(q.shape[0] - tok_req.numel())])
+        tok_req = self.tok_req(forward_batch, lay, q.shape[0])
         out = self.kernels.prefill(q, layer, forward_batch, topk, tok_req, None, **_sink(sink))
         if real.padded:
             out[real.n_tok:] = 0
         n = real.n_req
         if n:
-            self.after_prefill(layer, reqs.tolist()[:n], lay.kv_lens[:n], lay.n_q[:n], topk[:real.n_tok])
+            self.after_prefill(layer, self.host_rows(forward_batch)[:n], lay.kv_lens[:n], lay.n_q[:n],
+                               topk[:real.n_tok])
         return out
 
     def _extend_graph(self, q, layer, forward_batch, topk, sink=None) -> torch.Tensor:
@@ -248,7 +272,7 @@ class StoreForward:
         cached = self._riding_of
         if cached is not None and cached[0] is forward_batch:
             return cached[1]
-        rows = forward_batch.req_pool_indices.tolist()
+        rows = self.host_rows(forward_batch)
         n_real = real_rows(forward_batch).n_req      # a padding row points at row 0, maybe a live request's
         out = [i < n_real and n == 1 and self.ess.is_open(r) for i, (n, r) in enumerate(zip(lay.n_q, rows))]
         self._riding_of = (forward_batch, out)
@@ -258,10 +282,10 @@ class StoreForward:
         """A mixed chunked-prefill batch: prefill rows read the full history and (re)open their hot
         buffers; running requests riding along take the decode path, so their hot buffers and hit
         rate are those of a pure decode step."""
-        rows = forward_batch.req_pool_indices.tolist()
+        rows = self.host_rows(forward_batch)
         dec = self.riding(forward_batch, lay)
         first = [sum(lay.n_q[:i]) for i in range(len(rows))]
-        tok_req = torch.repeat_interleave(forward_batch.req_pool_indices.long(), torch.tensor(lay.n_q))
+        tok_req = self.tok_req(forward_batch, lay, q.shape[0])
         out = q.new_zeros(q.shape[0], layer.tp_q_head_num * self.kv_lora_rank)
         pre_tok = torch.tensor([t for i, f in enumerate(first) if not dec[i] for t in range(f, f + lay.n_q[i])],
                                dtype=torch.int64)

@@ -26,3 +26,13 @@ def ess_env(monkeypatch):
         if a not in before:
             a.shutdown()
     lifecycle._adapters[:] = before
+
+
+@pytest.fixture
+def server_args():
+    """SGLang's server args published with their defaults, as a server always has them (the store reads
+    its spec namespace, pools/device_budget.draft_tokens): a test module run alone has none published."""
+    from sglang.srt.runtime_context import get_context
+
+    with get_context().override_server_args():
+        yield

@@ -14,7 +14,7 @@ from sgl_ess.integration.sglang.backends.backend_registration import create_ess_
 
 from ._fake_runner import (causal_topk, fake_runner, forward_batch, layer, place_requests, query,  # noqa: E402
                            shared_pools, write_rows)
-from ._spec_fixtures import ess_env  # noqa: E402,F401
+from ._spec_fixtures import ess_env, server_args  # noqa: E402,F401
 
 RUNNING, PROMPTS, NEW_ROW, NEW_PROMPT, CHUNK, LAYERS = [1, 2], [150, 90], 3, 80, 16, 2
 
@@ -73,7 +73,7 @@ def _run(mixed: bool, mode: str = "EXTEND"):
 
 
 @pytest.mark.parametrize("mode", ["EXTEND", "MIXED"])      # SGLang 0.5.23 hands mixed batches over as EXTEND
-def test_mixed_batches_keep_running_hot_buffers(ess_env, mode):
+def test_mixed_batches_keep_running_hot_buffers(ess_env, server_args, mode):
     ess_env(hot_slots_per_request=24)
     pure = _run(mixed=False)
     mixed = _run(mixed=True, mode=mode)

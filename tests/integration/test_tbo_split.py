@@ -22,7 +22,7 @@ from sgl_ess.integration.sglang.backends.indexer_torch import _EarlyHandoff  # n
 
 from ._fake_runner import (causal_topk, fake_runner, forward_batch, layer, place_requests, query,  # noqa: E402
                            shared_pools, write_rows)
-from ._spec_fixtures import ess_env  # noqa: E402,F401
+from ._spec_fixtures import ess_env, server_args  # noqa: E402,F401
 
 ROWS, PROMPTS, STEPS, LAYERS = [1, 2, 3, 4, 5], [150, 90, 200, 120, 170], 6, 2
 SPLIT = 3          # TBO's decode split: the first requests go to micro-batch a
@@ -101,16 +101,11 @@ def _run(split: bool):
 
 
 @pytest.mark.parametrize("level", ["none", "da", "dba"])
-def test_split_batch_equals_whole_batch(ess_env, level):
+def test_split_batch_equals_whole_batch(ess_env, server_args, level):
     # the worker engine: with the inline one (synchronous) every level runs as 'none'
-    from sglang.srt.runtime_context import get_context
-
     ess_env(hot_slots_per_request=24, prefetch_overlap_level=level, prefetch_engine="worker")
-    # SGLang's server args published (a server always has them; the store reads its spec namespace): alone,
-    # this module failed with "config namespace 'spec' not published"; in the suite an earlier test's left them
-    with get_context().override_server_args():
-        whole, _, _, state_whole, _ = _run(split=False)
-        split, events, rings, state_split, tbo = _run(split=True)
+    whole, _, _, state_whole, _ = _run(split=False)
+    split, events, rings, state_split, tbo = _run(split=True)
     assert [c.micro_batch_base for c in tbo.children] == [0, 2] and tbo.primary.micro_batch_base == 0
     for step, (w, s) in enumerate(zip(whole, split)):
         for li in range(LAYERS):

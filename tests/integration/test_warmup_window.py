@@ -10,7 +10,7 @@ from sgl_ess.integration.sglang.backends.backend_registration import create_ess_
 
 from ._fake_runner import causal_topk, fake_runner, forward_batch, layer, place_requests, query, shared_pools, \
     write_rows  # noqa: E402
-from ._spec_fixtures import ess_env  # noqa: E402,F401
+from ._spec_fixtures import ess_env, server_args  # noqa: E402,F401
 
 ROWS, PROMPTS, LAYERS = [1, 2], [150, 90], 2
 
@@ -38,6 +38,6 @@ def _warmup_rows_after_prefill(ess_env, warmup_queries: int) -> int:
     return int(store.counters.warmup_rows.sum())
 
 
-def test_warmup_queries_zero_opens_hot_buffers_cold(ess_env):
+def test_warmup_queries_zero_opens_hot_buffers_cold(ess_env, server_args):
     assert _warmup_rows_after_prefill(ess_env, 4) > 0
     assert _warmup_rows_after_prefill(ess_env, 0) == 0

@@ -51,7 +51,7 @@ from sgl_ess.store.slot_space import SlotSpace
 from sgl_ess.prefetch.predictors import PredictorContext, make_predictor
 from sgl_ess.store.speculative import SpeculativeOptions, SpeculativeStager
 from sgl_ess.store.step_plan import StepPlan, miss_destinations, plan_epilogue_torch, read_locations
-from sgl_ess.store.validate import check_rows, check_topk
+from sgl_ess.store.validate import check_rows, check_topk, check_topk_shape, topk_invalid
 from sgl_ess.store.warm_state import lru_tokens, set_warm_state, state_from_lru_tokens
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,8 @@ class LatentStore:
         self._indirect = cfg.groups != cfg.max_requests
         self._group_host = list(range(cfg.max_requests)) if not self._indirect else [-1] * cfg.max_requests
         self._free_groups = list(range(cfg.groups - 1, -1, -1))
+        # request row -> open (host, bool [max_requests]): the batch check reads it without a device read
+        self._row_open = torch.zeros(cfg.max_requests, dtype=torch.bool)
         self.group_of = (torch.full((cfg.max_requests,), -1, dtype=torch.int64, device=dev)
                          if self._indirect else None)
         self.transfer_backend = transfer_backend
@@ -232,6 +234,7 @@ class LatentStore:
             self.group_of[req:req + 1].fill_(g)       # a device fill: no host->device copy to wait for
         self._reset(g)
         self.hot.is_open[g] = True
+        self._row_open[req] = True
         self.counters.reset_request(g)
         if self.spec is not None:         # a reused index must not inherit the predictor's state
             self.spec.forget(req)
@@ -251,6 +254,7 @@ class LatentStore:
             if self.spec is not None:
                 self.spec.forget(req)
             self.hot.is_open[g] = False
+            self._row_open[req] = False
             if self.trace is not None:
                 self.trace.close_request(req)
         elif g >= 0:
@@ -383,7 +387,7 @@ class LatentStore:
 
     # --- decode path -------------------------------------------------------------------
     def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,
-               req_to_host: torch.Tensor) -> int:
+               req_to_host: torch.Tensor, validate: bool = True) -> torch.Tensor:
         """LRU warmup before the first decode step (ESS.md §3): the state an exact LRU ends in after
         the top-k sets of the prefill's last W query positions, oldest first (set in closed form,
         warm_state.py), then the resident rows fetched in one background move (the layer's first
@@ -391,18 +395,21 @@ class LatentStore:
         Replaces the requests' LRU state (call it after `open`).
 
         reqs int64 [b], seq_lens int64 [b], topk_ids int [b, W, k] (-1 padded).
-        Returns the number of rows fetched (host sync: once per request, not per step)."""
+        Returns the number of rows fetched, int64 0-d on the store's device (read it back only if needed:
+        a prefill layer calls this). `validate`: check that the rows are open, in range and unique and the
+        top-k inside each context (`_check_warmup`: one host read on the CPU, a device-side assert on CUDA);
+        False skips it on a trusted path. With a device-stream engine nothing else reads the device here."""
         self._check_layer(layer)
         reqs = reqs.to(self.device, torch.int64)
         seq_lens = seq_lens.to(self.device, torch.int64)
-        self._check_batch(reqs)
         if topk_ids.dim() != 3 or topk_ids.shape[0] != reqs.numel():
             raise ValueError(f"warmup topk_ids: expected [batch={reqs.numel()}, W, k], got "
                              f"{list(topk_ids.shape)}")
         ids = topk_ids.to(self.device, torch.int64)
         if reqs.numel() == 0:
-            return 0
-        check_topk(ids.reshape(ids.shape[0], -1), seq_lens, "warmup topk_ids")   # one host sync
+            return torch.zeros((), dtype=torch.int64, device=self.device)
+        if validate:
+            self._check_warmup(reqs, seq_lens, ids.reshape(ids.shape[0], -1))
         if self.trace is not None:
             self.trace.warmup(layer, reqs, seq_lens, ids)
         if self.cfg.anchors[layer] != layer:
@@ -413,19 +420,45 @@ class LatentStore:
             s2t = set_warm_state(self.hot, self._table[layer], self.groups_of(reqs), seq_lens, ids)
         return self._fetch_residents(layer, reqs, s2t, req_to_host, "warmup")
 
+    def _check_warmup(self, reqs: torch.Tensor, seq_lens: torch.Tensor, ids: torch.Tensor) -> None:
+        """warmup's input checks, folded into one device boolean (no host read to build it): every row of
+        `reqs` int64 [b] in range, open and once in the batch; every entry of `ids` int64 [b, W*k] below its
+        row's seq_len and >= -1. On the CPU one read, then the clear error of the check that failed
+        (`_check_batch`, `check_topk`); on CUDA a device-side assert (`torch._assert_async`: CUDA does not
+        carry the message, a failed assert stops the process at its next sync; rerun on the CPU to see it)."""
+        check_topk_shape(ids, seq_lens, "warmup topk_ids")
+        r_max = self.cfg.max_requests
+        open_rows = self._row_open
+        if self.device.type == "cuda":    # pinned, then without blocking: a pageable copy would wait
+            open_rows = open_rows.pin_memory().to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            open_rows = open_rows.to(self.device)
+        rows = reqs.clamp(0, r_max - 1)
+        seen = torch.zeros(r_max, dtype=torch.int64, device=self.device).index_add_(0, rows, torch.ones_like(rows))
+        bad = (~((reqs >= 0) & (reqs < r_max) & open_rows[rows])).any() | (seen > 1).any()
+        bad = bad | topk_invalid(ids, seq_lens)
+        if self.device.type == "cuda":
+            torch._assert_async(~bad, "warmup: a request row out of range, not open or repeated in the batch, or a "
+                                      "top-k position outside its context (the CPU device names which)")
+            return
+        if bool(bad):                     # the one host read; the error path reads more to say what is wrong
+            self._check_batch(reqs)
+            check_topk(ids, seq_lens, "warmup topk_ids")
+            raise AssertionError("warmup: the folded check failed but no single check did")
+
     def _fetch_residents(self, layer: int, reqs: torch.Tensor, s2t: torch.Tensor, req_to_host: torch.Tensor,
-                         note: str) -> int:
+                         note: str) -> torch.Tensor:
         """Fetch the rows a warm state `s2t` [b, N] holds into the hot slots, in one background move
-        that the layer's first plan waits for. Returns the number of rows (a host sync)."""
+        that the layer's first plan waits for: one entry per (request, slot), -1 where the slot is empty
+        (static shapes: no host read on a device-stream engine; `_submit` compacts for the others).
+        Returns the number of rows, int64 0-d on the store's device."""
         ar = torch.arange(self.cfg.hot_slots_per_request, device=self.device).expand_as(s2t)
         live = s2t >= 0
         src = torch.where(live, req_to_host.to(self.device)[reqs.unsqueeze(1), s2t.clamp(min=0)], -1)
         dst = torch.where(live, self._hot_abs(layer, self.groups_of(reqs), ar), -1)
-        keep = live.reshape(-1)
-        plan = CopyPlan("h2s", src.reshape(-1)[keep], dst.reshape(-1)[keep], layer=layer, tier="background",
-                        note=note)
-        self._layer_fence.setdefault(layer, []).append(self.engine.submit(plan))
-        m = int(keep.sum())
+        plan = CopyPlan("h2s", src.reshape(-1), dst.reshape(-1), layer=layer, tier="background", note=note)
+        self._layer_fence.setdefault(layer, []).append(self._submit(plan))
+        m = live.sum()
         self.counters.add_warmup(layer, m)
         return m
 
@@ -459,8 +492,8 @@ class LatentStore:
         self.hot.lru_order[:, g] = order
         s2t = s2t[self._table] if self._grouped else s2t
         reqs = torch.tensor([req], dtype=torch.int64, device=self.device)
-        return sum(self._fetch_residents(layer, reqs, s2t[layer:layer + 1], req_to_host, "warmup (PD transfer)")
-                   for layer in range(self.cfg.num_layers))
+        return int(sum(self._fetch_residents(layer, reqs, s2t[layer:layer + 1], req_to_host, "warmup (PD transfer)")
+                       for layer in range(self.cfg.num_layers)))
 
     def plan(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
              req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True, padded: bool = False) -> StepPlan:

@@ -7,22 +7,38 @@ import torch
 
 
 def check_topk(topk: torch.Tensor, seq_lens: torch.Tensor, what: str) -> None:
+    check_topk_shape(topk, seq_lens, what)
+    if topk.numel() == 0:
+        return
+    # one host read when the input is good (a prefill layer calls this: issue 32's syncs per layer);
+    # the error path reads more to say what is wrong
+    if bool(topk_invalid(topk, seq_lens)):
+        raise_topk_error(topk, seq_lens, what)
+
+
+def check_topk_shape(topk: torch.Tensor, seq_lens: torch.Tensor, what: str) -> None:
+    """Type and shape of a top-k tensor (no device read)."""
     if not isinstance(topk, torch.Tensor) or topk.dtype not in (torch.int32, torch.int64):
         got = topk.dtype if isinstance(topk, torch.Tensor) else type(topk).__name__
         raise TypeError(f"{what}: expected an int32 or int64 tensor of token positions, got {got}")
     if topk.dim() != 2 or topk.shape[0] != seq_lens.numel():
         raise ValueError(f"{what}: expected shape [batch={seq_lens.numel()}, k], got {list(topk.shape)}")
-    if topk.numel() == 0:
-        return
-    # one host read when the input is good (a prefill layer calls this: issue 32's syncs per layer);
-    # the error path reads more to say what is wrong
+
+
+def topk_invalid(topk: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """bool 0-d on topk's device, no host read: some entry of topk int [b, k] is below -1 or not below
+    its row's sequence length (seq_lens int [b])."""
     t64 = topk.to(torch.int64)
     over = t64 >= seq_lens.to(topk.device, torch.int64).unsqueeze(1)
-    if not bool((over | (t64 < -1)).any()):
-        return
+    return (over | (t64 < -1)).any()
+
+
+def raise_topk_error(topk: torch.Tensor, seq_lens: torch.Tensor, what: str) -> None:
+    """Raise the error that says what is wrong with topk (reads the device; the error path only)."""
     lo = int(topk.min())
     if lo < -1:
         raise IndexError(f"{what}: position {lo} is negative; only -1 (padding) is allowed")
+    over = topk.to(torch.int64) >= seq_lens.to(topk.device, torch.int64).unsqueeze(1)
     if bool(over.any()):
         b = int(over.any(dim=1).nonzero()[0])
         raise IndexError(

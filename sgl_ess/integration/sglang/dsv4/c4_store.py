@@ -111,8 +111,9 @@ class C4EntryStore:
             return
         w = self.cfg.warmup_window
         ids = topk_last[-w:].to(torch.int64).unsqueeze(0)
-        self.warm_rows += self.store.warmup(self.layers[layer_id], torch.tensor([req]), torch.tensor([n]), ids,
-                                            self.req_to_host)
+        # LatentStore.warmup returns a 0-d device tensor (no sync on CUDA); this CPU store keeps a Python int
+        self.warm_rows += int(self.store.warmup(self.layers[layer_id], torch.tensor([req]), torch.tensor([n]), ids,
+                                                self.req_to_host))
 
     def decode_rows(self, layer_id: int, reqs: list[int], entries: list[int], topk: torch.Tensor) -> torch.Tensor:
         """One decode step of one C4 layer: the requests' top-k (int [b, k] entry indices, -1 pad, each

@@ -300,6 +300,7 @@ def count_extend_syncs(batch: int = 4, chunk: int = 64, context: int = 512, k: i
 
         def __init__(self):
             self.store, self.store_cfg, self.layers, self._lock = store, cfg, cfg.num_layers, threading.RLock()
+            self.validate = False       # as on CUDA (the adapter validates on a CPU device only)
 
     g = torch.Generator().manual_seed(0)
     reqs = torch.tensor(ids, dtype=torch.int64)

@@ -13,9 +13,9 @@ from sgl_ess.store.validate import check_topk
 def _plant(monkeypatch, read):
     original = latent_store.LatentStore.warmup
 
-    def warmup(self, layer, reqs, seq_lens, topk_ids, req_to_host):
+    def warmup(self, layer, reqs, seq_lens, topk_ids, req_to_host, **kw):
         read(seq_lens)
-        return original(self, layer, reqs, seq_lens, topk_ids, req_to_host)
+        return original(self, layer, reqs, seq_lens, topk_ids, req_to_host, **kw)
     monkeypatch.setattr(latent_store.LatentStore, "warmup", warmup)
 
 
@@ -25,8 +25,8 @@ def base():
 
 
 def test_the_sites_add_up_to_the_count(base):
-    assert base["syncs"] > 0
-    assert sum(base["sync_sites"].values()) == base["syncs"]
+    # the CUDA path (the adapter's validate False): a steady prefill layer reads nothing back
+    assert base["syncs"] == 0 and base["sync_sites"] == {}, base
 
 
 @pytest.mark.parametrize("read,kind", [

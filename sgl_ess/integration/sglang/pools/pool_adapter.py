@@ -307,7 +307,7 @@ class EssPoolAdapter:
             if layer == 0:
                 for row in rows:
                     self.store.open(row)
-            self.store.warmup(layer, r, s, ids, req_to_token)
+            self.store.warmup(layer, r, s, ids, req_to_token, validate=self.validate)   # CUDA: no check, no read
 
     def mode(self, layer: int) -> str:
         return layer_mode(self.level, layer, self.profile, self.layers, synchronous=self.store.engine.synchronous)

@@ -29,6 +29,12 @@ immediate plan in the same order (the store's lifecycle does: plan, then land), 
 a plan never waited for is never exchanged and its rows are never read. `stats()["split_fetch"]` counts
 the rows and bytes each rank received through the collective.
 
+CUDA graphs (``--ess-cuda-graph``): on a device engine a plan's exchange is the same launches for every
+batch of a size (cap from the config; numbering by cumsum; gather, all-gather and scatter over static
+shapes; no host read), so a captured decode step holds it, the collective included (NCCL's all-gather is
+capturable). Its counts are moved per replay by the store's replay hook (`graph_counts`). Checked on CPU
+with the graph double (tests/integration/test_cuda_graph_split_fetch_gpu_fake.py); not captured on a GPU.
+
 Memory: a [cap, row_bytes] send buffer and the [tp, cap, row_bytes] gathered rows per exchange
 (short-lived); borrows the inner engine's StoreMemory.
 """
@@ -117,6 +123,16 @@ class SplitFetch(FetchEngine):
     def close(self) -> None:
         self._pending.clear()
         self.inner.close()
+
+    def graph_counts(self) -> dict:
+        """The exchange counts, which a replayed CUDA graph cannot move (no Python runs): the store's replay
+        hook adds what the captured step counted (pool_adapter._host_counts / _set_counts)."""
+        return {"exchanges": self.exchanges, "rows_exchanged": self.rows_exchanged,
+                "bytes_exchanged": self.bytes_exchanged}
+
+    def set_graph_counts(self, counts: dict) -> None:
+        self.exchanges, self.rows_exchanged = counts["exchanges"], counts["rows_exchanged"]
+        self.bytes_exchanged = counts["bytes_exchanged"]
 
     def stats(self) -> dict:
         s = self.inner.stats()

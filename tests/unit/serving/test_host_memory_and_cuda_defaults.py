@@ -105,7 +105,6 @@ def test_decode_graphs_with_ess_need_the_ess_flag():
     ([], {"prefetch_engine": "worker"}, {}, "--ess-prefetch-engine worker"),
     ([], {"speculative_prefetch": "next_layer"}, {}, "--ess-speculative-prefetch"),
     ([], {"share_host_pool": "on"}, {}, "--ess-share-host-pool on"),
-    ([], {"tp_split_fetch": "true"}, {}, "--ess-tp-split-fetch"),
     ([], {}, {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1"}, "SGLANG_ENABLE_METADATA_GLUE_GRAPH"),
     ([], {}, {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "y"}, "SGLANG_ENABLE_METADATA_GLUE_GRAPH"),
     (["--debug-cuda-graph"], {}, {}, "--debug-cuda-graph"),
@@ -129,6 +128,15 @@ def test_ess_cuda_graph_refuses_what_a_replay_cannot_hold(monkeypatch, argv, fla
     # decode graphs turned off by a flag: --ess-cuda-graph has no effect, nothing is refused for it
     for off in (["--cuda-graph-backend-decode", "disabled"], ["--disable-cuda-graph"]):
         out, _ = ld.fill_defaults([*off, *argv], _cfg(cuda_graph="true", **flags), has_cuda=True)
+
+
+def test_ess_cuda_graph_serves_split_fetch(monkeypatch):
+    """--ess-tp-split-fetch with --ess-cuda-graph (issue 35 item 3): accepted; on the stream engine its exchange
+    has a static size and is captured with the step (tests/integration/test_cuda_graph_split_fetch_gpu_fake.py)."""
+    monkeypatch.setattr(host_memory, "meminfo", lambda path="/proc/meminfo": {"MemTotal": 64 * GB,
+                                                                              "MemAvailable": 40 * GB})
+    out, _ = ld.fill_defaults([], _cfg(cuda_graph="true", tp_split_fetch="true"), has_cuda=True)
+    assert ld.decode_graphs_on(out)
 
 
 def test_ess_cuda_graph_serves_two_batch_overlap_decode_and_verify(monkeypatch):

@@ -38,7 +38,11 @@ Which steps are captured (issue 35 item 3), each through SGLang's own graph hook
     their n draft tokens each (two_batch_overlap.get_token_num_per_seq = draft_token_num); each child's
     ``forward_extend`` of its capture batch goes to ``graph_verify`` over its micro-batch (its requests'
     rows of the padded batch, padding -1), in its own ring groups; the MTP scratch rows are per request row;
-  * speculative prefetch, a shared host pool, split fetch, the EAGLE draft extend (DRAFT_EXTEND_V2, which
+  * split fetch (``--ess-tp-split-fetch``): SplitFetch's exchange on the stream engine (a static number of rows,
+    prefetch/split_fetch.py), the all-gather included, inside the step that waits for the plan; its counts are
+    moved by the replay hook (pool_adapter._host_counts). Checked in the decode step only
+    (tests/integration/test_cuda_graph_split_fetch_gpu_fake.py);
+  * speculative prefetch, a shared host pool, the EAGLE draft extend (DRAFT_EXTEND_V2, which
     SGLang captures for the DSA backend unless SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH): not captured (refused
     by the launcher, the draft extend again by the backend at capture, the store options by
     ``EssPoolAdapter._check_graph_mode``).

@@ -195,7 +195,8 @@ def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
     the user set it, ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1`` is put into `environ` (SGLang then runs that
     step eager), and a value turning it back on is refused. Two-Batch Overlap is captured, with or without MTP:
     each child's micro-batch of a decode step (store_forward._decode_graph) and of a TARGET_VERIFY step
-    (store_forward._extend_graph -> cuda_graph.graph_verify)."""
+    (store_forward._extend_graph -> cuda_graph.graph_verify). Split fetch is captured too: on the stream engine
+    its exchange has a static size (prefetch/split_fetch.py, SplitFetch.size_for_store)."""
     why = []
     mtp = flag_value(argv, "--speculative-algorithm") not in (None, "", "NONE", "none")
     if mtp:
@@ -224,8 +225,6 @@ def check_cuda_graph(argv: list[str], cfg: EssConfig, environ) -> None:
         why.append("--ess-speculative-prefetch: its predictor runs on the host each step")
     if cfg.share_host_pool == "on":
         why.append("--ess-share-host-pool on: its per-forward lockstep check runs on the host")
-    if cfg.tp_split_fetch:
-        why.append("--ess-tp-split-fetch: its exchange is planned on the host each step")
     if cfg.trace_file:
         why.append("--ess-trace-file: it copies every plan's top-k to the host")
     if str(environ.get("SGLANG_ENABLE_METADATA_GLUE_GRAPH", "")).lower() in ENV_TRUE:

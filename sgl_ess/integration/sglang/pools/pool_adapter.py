@@ -259,7 +259,6 @@ class EssPoolAdapter:
                                f"auto), not {engine.name!r}")
         host_side = {"--ess-speculative-prefetch": cfg.speculative_prefetch != "off",
                      "--ess-share-host-pool on": self.share is not None,
-                     "--ess-tp-split-fetch": cfg.tp_split_fetch,
                      "--ess-trace-file": bool(cfg.trace_file)}
         for flag, on in host_side.items():
             if on:
@@ -468,12 +467,15 @@ class EssPoolAdapter:
 
     def _host_counts(self) -> dict:
         tiers = self.store.engine.tiers.data
-        return {"plans_early": self.plans_early, "plans_late": self.plans_late,
-                "mtp_steps": getattr(self, "mtp_steps", 0),
-                "early_by_layer": dict(enumerate(self.plans_early_by_layer)),
-                "late_by_layer": dict(enumerate(self.plans_late_by_layer)),
-                "resolver_calls": self.store.resolver_calls,
-                "tiers": {t: tiers[t]["plans"] for t in tiers}}
+        counts = {"plans_early": self.plans_early, "plans_late": self.plans_late,
+                  "mtp_steps": getattr(self, "mtp_steps", 0),
+                  "early_by_layer": dict(enumerate(self.plans_early_by_layer)),
+                  "late_by_layer": dict(enumerate(self.plans_late_by_layer)),
+                  "resolver_calls": self.store.resolver_calls,
+                  "tiers": {t: tiers[t]["plans"] for t in tiers}}
+        if hasattr(self.store.engine, "graph_counts"):       # --ess-tp-split-fetch: its exchanges
+            counts["engine"] = self.store.engine.graph_counts()
+        return counts
 
     def _set_counts(self, c: dict) -> None:
         self.plans_early, self.plans_late = c["plans_early"], c["plans_late"]
@@ -484,6 +486,8 @@ class EssPoolAdapter:
         self.store.resolver_calls = c["resolver_calls"]
         for t, n in c["tiers"].items():
             self.store.engine.tiers.data[t]["plans"] = n
+        if "engine" in c:
+            self.store.engine.set_graph_counts(c["engine"])
 
 
     def latent_layout(self):

@@ -142,8 +142,8 @@ FIELDS: tuple[EssField, ...] = (
              "once and replayed on the same tensors). With MTP the target verify and draft decode steps are captured "
              "too; the draft extend runs eager (SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1 is set unless given); "
              "Two-Batch Overlap's decode and verify children are captured too. Needs the stream prefetch engine; "
-             "refused with --ess-speculative-prefetch, --ess-share-host-pool on, --ess-tp-split-fetch and "
-             "SGLANG_ENABLE_METADATA_GLUE_GRAPH. Ignored without CUDA."),
+             "refused with --ess-speculative-prefetch, --ess-share-host-pool on and SGLANG_ENABLE_METADATA_GLUE_GRAPH "
+             "(--ess-tp-split-fetch's fixed-size exchange is captured). Ignored without CUDA."),
     EssField("slo_tpot_ms", float, 0.0,
              "Decode TPOT target in ms: new requests are admitted only while the measured inter-token latency "
              "(percentile --ess-slo-itl-percentile of recent decode steps) stays within it; running requests are "

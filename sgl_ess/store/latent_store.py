@@ -836,8 +836,10 @@ class LatentStore:
     def _submit(self, plan: CopyPlan) -> Ticket:
         """Plans carry one entry per (request, top-k entry), -1 where nothing moves (static shapes
         for device engines); an engine in another process gets only the live entries (a host sync
-        it needs anyway to address its runs)."""
-        if not self.engine.ordered_on_device and plan.kind != "zero":
+        it needs anyway to address its runs). The inline engine runs the plan here through run_plan,
+        whose copies, tags and row count skip the -1 entries themselves: compacting for it would only
+        add a mask, two selections and their host syncs per plan."""
+        if not self.engine.ordered_on_device and plan.kind != "zero" and type(self.engine) is not InlineEngine:
             keep = (plan.src_idx >= 0) & (plan.dst_idx >= 0)
             plan.src_idx, plan.dst_idx = plan.src_idx[keep], plan.dst_idx[keep]
         return self.engine.submit(plan)

@@ -42,6 +42,9 @@ class DeviceHotBuffer:
             num_layers, r + 1, 1)
         self.slot_to_token = self.slot_to_token_ext[:, :r]
         self.lru_order = self.lru_order_ext[:, :r]
+        # each table's (slot_to_token_ext, lru_order_ext) rows as views made once: the resolver takes
+        # them every layer-step, and a select per call is host work (the storage is never reallocated)
+        self.layer_state = [(self.slot_to_token_ext[t], self.lru_order_ext[t]) for t in range(num_layers)]
         self.token_map = None
         if max_context_tokens is not None:
             if max_context_tokens <= 0:

@@ -69,7 +69,8 @@ def assign(buf: DeviceHotBuffer, layer: int, reqs: torch.Tensor, seq_lens: torch
     if backend == "numba":
         from sgl_ess.kernels.resolver_numba import resolve_numba
         tmap = buf.token_map_for(seq_lens)
-        slots, miss, hit = resolve_numba(buf.slot_to_token_ext[layer], buf.lru_order_ext[layer], tmap,
+        s2t, order = buf.layer_state[layer]
+        slots, miss, hit = resolve_numba(s2t, order, tmap,
                                          reqs, seq_lens, tokens, num_real_reqs)
         return Assignment(slots=slots, miss=miss, hit=hit)
     if buf.max_context_tokens is None:
@@ -77,6 +78,7 @@ def assign(buf: DeviceHotBuffer, layer: int, reqs: torch.Tensor, seq_lens: torch
                          "DeviceHotBuffer(..., max_context_tokens=StoreConfig.max_context_tokens) "
                          "(--context-length), or use backend='torch'")
     from sgl_ess.kernels.resolver_triton import resolve_triton
-    slots, miss, hit = resolve_triton(buf.slot_to_token_ext[layer], buf.lru_order_ext[layer],
+    s2t, order = buf.layer_state[layer]
+    slots, miss, hit = resolve_triton(s2t, order,
                                       buf.token_map, reqs, seq_lens, tokens, num_real_reqs)
     return Assignment(slots=slots, miss=miss, hit=hit)

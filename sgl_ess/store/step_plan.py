@@ -83,7 +83,7 @@ def read_locations(slots: torch.Tensor, hot_abs: torch.Tensor, miss: torch.Tenso
     redirect = torch.full((b, n_slots + 1), -1, dtype=torch.int64, device=slots.device)
     redirect.scatter_(1, key, torch.where(miss, miss_dst, -1))
     waits = torch.zeros((b, n_slots + 1), dtype=torch.bool, device=slots.device)
-    waits.scatter_(1, key, miss & miss_waits)
+    waits.scatter_(1, key, miss if miss_waits is miss else miss & miss_waits)
     lookup = torch.where(slots >= 0, slots, n_slots)
     via = redirect.gather(1, lookup)
     read = torch.where(via >= 0, via, hot_abs)
@@ -106,5 +106,7 @@ def plan_epilogue_torch(slots, miss, hit, tokens, reqs, groups, req_to_host, cou
     read, staged = read_locations(slots, hot_abs, miss, dst, miss, n_slots)
     miss_f, dst_f = miss.reshape(-1), dst.reshape(-1)
     host_src = torch.where(miss_f, req_to_host[reqs.unsqueeze(1), tokens.clamp(min=0)].reshape(-1), -1)
+    # miss_destinations' dst is already -1 off the misses, and its ring flags only misses: the fetch
+    # destinations are dst itself and the ring rows need no second mask
     return (read.to(torch.int32), staged, torch.where(miss_f, hot_abs.reshape(-1), -1),
-            torch.where(to_ring.reshape(-1) & miss_f, dst_f, -1), host_src, torch.where(miss_f, dst_f, -1))
+            torch.where(to_ring.reshape(-1), dst_f, -1), host_src, dst_f)

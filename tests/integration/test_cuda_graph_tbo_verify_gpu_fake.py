@@ -26,7 +26,6 @@ between replays; a request finishes and a new one takes its row. Checked on CPU 
 no TBO verify step of ESS has been captured on a GPU.
 """
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -50,6 +49,7 @@ from tests.graph_double import CaptureStreams, Graph  # noqa: E402
 from . import _fake_runner as fr  # noqa: E402
 from ._cuda_fake import copy_rows_static, cuda_batch, cuda_layer, cuda_runner, install_gpu_fakes  # noqa: E402
 from ._spec_fixtures import ess_env  # noqa: E402,F401
+from .test_cuda_graph_verify_gpu_fake import CapturedVerify  # noqa: E402
 
 LAYERS, DENSE, CHUNK, NDRAFT, BS = 3, 1, 16, 4, 4     # layer 0 dense (the whole batch), layers 1-2 per child
 
@@ -169,61 +169,29 @@ def _layers(tbo, fb, q, topk, who: list):
     return outs
 
 
-class TboCapturedVerify:
+class TboCapturedVerify(CapturedVerify):
     """SGLang's decode graph runner with TBO in capture mode TARGET_VERIFY, reduced to what the attention
     backends see: static buffers of BS requests x NDRAFT tokens, the capture batch and its two children over
-    slices of them, one verify step of every layer captured once and replayed with new contents."""
+    slices of them, one verify step of every layer captured once and replayed with new contents (the
+    capture and SGLang's load_batch are test_cuda_graph_verify_gpu_fake's, with TboAttnBackend as the backend:
+    its out_graph hook gives the children their slices of the padded view)."""
+
+    layers = LAYERS
+    view_extra = {"max_seq_len_override": None}
+
+    @staticmethod
+    def batch(rows, committed, loc):
+        return _verify_batch(rows, committed, loc)
 
     def __init__(self, tbo, runner):
-        self.tbo, self.runner = tbo, runner
-        t = BS * NDRAFT
-        self.req_pool_indices = torch.zeros(BS, dtype=torch.int64)
-        self.seq_lens = torch.ones(BS, dtype=torch.int64)             # SGLang's fill value for padding rows
-        self.out_cache_loc = torch.zeros(t, dtype=torch.int64)
-        self.q = [torch.zeros(t, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(LAYERS)]
-        self.topk = [torch.full((t, fr.TOPK), -1, dtype=torch.int32) for _ in range(LAYERS)]
-        fb = _verify_batch([0] * BS, [1] * BS, torch.zeros(t, dtype=torch.int64))
-        fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc = self.req_pool_indices, self.seq_lens, self.out_cache_loc
-        fb.seq_lens_cpu = self.seq_lens
-        _with_children(fb, BS)                       # capture_one_batch_size: bs // 2 requests to child a
-        self.fb = fb
+        super().__init__(tbo, runner)
+        self.tbo = tbo
+        _with_children(self.fb, BS)                  # capture_one_batch_size: bs // 2 requests to child a
         self.who = [None]
-        self.outs: list[torch.Tensor] = []
 
     def forward(self) -> list[torch.Tensor]:
         self.tbo.init_forward_metadata_in_graph(self.fb)
         return _layers(self.tbo, self.fb, self.q, self.topk, self.who)
-
-    def capture(self, graph: Graph) -> None:
-        tbo = self.tbo
-        tbo.init_cuda_graph_state(BS, BS * NDRAFT)
-        tbo.init_forward_metadata_out_graph(self.fb, in_capture=True)
-        for _ in range(2):                           # SGLang's two warm-up runs (eager, padding rows only)
-            self.forward()
-            tbo.on_after_cuda_graph_warmup()
-        self.outs = graph.capture(self.forward)
-
-    def load(self, rows, committed, q, topk, gen):
-        """SGLang's load_batch (the real requests first, the padded tail reset: 0, seq_lens 1, junk queries
-        and top-k), then the replay-side prep: TboAttnBackend's out_graph hook with the padded view."""
-        n, t, r2t = len(rows), len(rows) * NDRAFT, self.runner.req_to_token_pool.req_to_token
-        self.req_pool_indices.zero_()
-        self.out_cache_loc.zero_()
-        self.seq_lens.fill_(1)
-        self.req_pool_indices[:n] = torch.tensor(rows)
-        self.seq_lens[:n] = torch.tensor(committed)
-        self.out_cache_loc[:t] = torch.cat([r2t[r, c:c + NDRAFT] for r, c in zip(rows, committed)]).long()
-        for li in range(LAYERS):
-            self.q[li].copy_(fr.query(gen, BS * NDRAFT))
-            self.q[li][:t] = q[li]
-            self.topk[li].copy_(torch.randint(0, 40, self.topk[li].shape, generator=gen, dtype=torch.int32))
-            self.topk[li][:t] = topk[li]
-        view = SimpleNamespace(batch_size=BS, num_padding=BS - n, forward_mode=self.fb.forward_mode,
-                               actual_forward_mode=self.fb.forward_mode, req_pool_indices=self.req_pool_indices,
-                               seq_lens=self.seq_lens, seq_lens_cpu=self.seq_lens, out_cache_loc=self.out_cache_loc,
-                               spec_info=self.fb.spec_info, seq_lens_sum=int(self.seq_lens.sum()),
-                               max_seq_len_override=None)
-        self.tbo.init_forward_metadata_out_graph(view)      # the children get their slices of it
 
 
 def _eager_step(tbo, rows, committed, win, q, topk):

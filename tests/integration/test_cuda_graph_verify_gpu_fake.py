@@ -102,15 +102,22 @@ class CapturedVerify:
     sees: static buffers of BS requests x NDRAFT tokens, the capture batch over them, one verify step of
     every layer (the layer's fence, then attention) captured once and replayed with new contents."""
 
+    layers = LAYERS
+    view_extra: dict = {}          # fields SGLang's padded view carries for a subclass's backend (TBO's)
+
+    @staticmethod
+    def batch(rows, committed, loc):
+        return _verify_batch(rows, committed, loc)
+
     def __init__(self, backend, runner):
         self.backend, self.runner = backend, runner
         t = BS * NDRAFT
         self.req_pool_indices = torch.zeros(BS, dtype=torch.int64)
         self.seq_lens = torch.ones(BS, dtype=torch.int64)             # SGLang's fill value for padding rows
         self.out_cache_loc = torch.zeros(t, dtype=torch.int64)
-        self.q = [torch.zeros(t, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(LAYERS)]
-        self.topk = [torch.full((t, fr.TOPK), -1, dtype=torch.int32) for _ in range(LAYERS)]
-        fb = _verify_batch([0] * BS, [1] * BS, torch.zeros(t, dtype=torch.int64))
+        self.q = [torch.zeros(t, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(self.layers)]
+        self.topk = [torch.full((t, fr.TOPK), -1, dtype=torch.int32) for _ in range(self.layers)]
+        fb = self.batch([0] * BS, [1] * BS, torch.zeros(t, dtype=torch.int64))
         fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc = self.req_pool_indices, self.seq_lens, self.out_cache_loc
         fb.seq_lens_cpu = self.seq_lens
         self.fb = fb
@@ -145,7 +152,7 @@ class CapturedVerify:
         self.req_pool_indices[:n] = torch.tensor(rows)
         self.seq_lens[:n] = torch.tensor(committed)
         self.out_cache_loc[:t] = torch.cat([r2t[r, c:c + NDRAFT] for r, c in zip(rows, committed)]).long()
-        for li in range(LAYERS):
+        for li in range(self.layers):
             self.q[li].copy_(fr.query(gen, BS * NDRAFT))
             self.q[li][:t] = q[li]
             self.topk[li].copy_(torch.randint(0, 40, self.topk[li].shape, generator=gen, dtype=torch.int32))
@@ -153,7 +160,7 @@ class CapturedVerify:
         view = SimpleNamespace(batch_size=BS, num_padding=BS - n, forward_mode=self.fb.forward_mode,
                                actual_forward_mode=self.fb.forward_mode, req_pool_indices=self.req_pool_indices,
                                seq_lens=self.seq_lens, seq_lens_cpu=self.seq_lens, out_cache_loc=self.out_cache_loc,
-                               spec_info=self.fb.spec_info, seq_lens_sum=int(self.seq_lens.sum()))
+                               spec_info=self.fb.spec_info, seq_lens_sum=int(self.seq_lens.sum()), **self.view_extra)
         self.backend.init_forward_metadata_out_graph(view)      # SGLang's replay-side prep, then ESS's hook
 
 

@@ -115,13 +115,16 @@ class CapturedStep:
     buffers of BS rows, the capture batch over them, one step of every layer (the indexer's
     hand-off, then attention) captured once and replayed with new contents."""
 
+    layers = LAYERS
+    view_extra: dict = {}          # fields SGLang's padded view carries for a subclass's backend (TBO's)
+
     def __init__(self, backend, runner, bs: int = BS):
         self.backend, self.runner, self.bs = backend, runner, bs
         self.req_pool_indices = torch.zeros(bs, dtype=torch.int64)
         self.seq_lens = torch.ones(bs, dtype=torch.int64)          # SGLang's fill value for padding rows
         self.out_cache_loc = torch.zeros(bs, dtype=torch.int64)
-        self.q = [torch.zeros(bs, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(LAYERS)]
-        self.topk = [torch.full((bs, fr.TOPK), -1, dtype=torch.int32) for _ in range(LAYERS)]
+        self.q = [torch.zeros(bs, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(self.layers)]
+        self.topk = [torch.full((bs, fr.TOPK), -1, dtype=torch.int32) for _ in range(self.layers)]
         fb = cuda_batch("DECODE", [0] * bs, [1] * bs, torch.zeros(bs, dtype=torch.int64))
         fb.req_pool_indices, fb.seq_lens, fb.out_cache_loc = self.req_pool_indices, self.seq_lens, self.out_cache_loc
         fb.seq_lens_cpu = self.seq_lens
@@ -155,14 +158,17 @@ class CapturedStep:
         self.req_pool_indices[:n] = torch.tensor(rows)
         self.seq_lens[:n] = torch.tensor(seq)
         self.out_cache_loc[:n] = torch.stack([r2t[r, s - 1] for r, s in zip(rows, seq)]).long()
-        for li in range(LAYERS):
+        for li in range(self.layers):
             self.q[li].copy_(fr.query(gen, BS))
             self.topk[li].fill_(-1)
             self.topk[li][:n] = fr.causal_topk(gen, [s - 1 for s in seq])
         view = SimpleNamespace(batch_size=BS, num_padding=BS - n, forward_mode=self.fb.forward_mode,
                                actual_forward_mode=self.fb.forward_mode, req_pool_indices=self.req_pool_indices,
                                seq_lens=self.seq_lens, seq_lens_cpu=self.seq_lens, out_cache_loc=self.out_cache_loc,
-                               spec_info=None, seq_lens_sum=int(self.seq_lens.sum()))
+                               spec_info=None, seq_lens_sum=int(self.seq_lens.sum()), **self.view_extra)
+        self.replay_prep(view)
+
+    def replay_prep(self, view) -> None:
         self.backend.init_forward_metadata_out_graph(view)      # SGLang's replay-side prep, then ESS's hook
 
     def check(self, rows) -> None:

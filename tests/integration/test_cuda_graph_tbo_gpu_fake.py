@@ -20,7 +20,6 @@ the children plan in their own ring groups (micro-batches 0-1 and 2-3) and never
 replay is counted once, not once per child.
 """
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -39,6 +38,7 @@ from tests.graph_double import CaptureStreams, Graph  # noqa: E402
 from . import _fake_runner as fr  # noqa: E402
 from ._cuda_fake import copy_rows_static, cuda_batch, cuda_layer, cuda_runner, install_gpu_fakes  # noqa: E402
 from ._spec_fixtures import ess_env  # noqa: E402,F401
+from .test_cuda_graph_gpu_fake import CapturedStep  # noqa: E402
 
 LAYERS, DENSE, CHUNK, BS = 3, 1, 16, 4     # layer 0 dense (the whole batch), layers 1-2 per micro-batch
 
@@ -132,25 +132,23 @@ def _eager_tbo_step(make, tbo, runner, rows, seq, q, topk):
     return outs
 
 
-class TboCapturedStep:
+class TboCapturedStep(CapturedStep):
     """SGLang's decode graph runner with TBO, reduced to what the attention backends see: static buffers of
-    BS rows, the capture batch and its two children over slices of them, one step of every layer."""
+    BS rows, the capture batch and its two children over slices of them, one step of every layer (the
+    buffers, SGLang's capture and load_batch are test_cuda_graph_gpu_fake's, TboAttnBackend the backend:
+    its out_graph hook gives the children their slices of the padded view)."""
+
+    layers = LAYERS
+    view_extra = {"max_seq_len_override": None}
 
     def __init__(self, make, tbo, runner, bs: int = BS):
-        self.make, self.tbo, self.runner, self.bs = make, tbo, runner, bs
-        self.req_pool_indices = torch.zeros(bs, dtype=torch.int64)
-        self.seq_lens = torch.ones(bs, dtype=torch.int64)          # SGLang's fill value for padding rows
-        self.out_cache_loc = torch.zeros(bs, dtype=torch.int64)
-        self.q = [torch.zeros(bs, fr.HEADS * fr.KV_DIM, dtype=fr.DTYPE) for _ in range(LAYERS)]
-        self.topk = [torch.full((bs, fr.TOPK), -1, dtype=torch.int32) for _ in range(LAYERS)]
-        fb = self._over(slice(0, bs))
+        super().__init__(tbo, runner, bs)
+        self.make, self.tbo = make, tbo
         s = _split(bs)                                             # capture_one_batch_size: bs // 2
         self.parts = [slice(0, s), slice(s, bs)]
-        fb.tbo_children = [self._over(p) for p in self.parts]
-        for c, p in zip(fb.tbo_children, self.parts):
+        self.fb.tbo_children = [self._over(p) for p in self.parts]
+        for c, p in zip(self.fb.tbo_children, self.parts):
             c.tbo_parent_token_range = (p.start, p.stop)          # filter_batch's
-        self.fb = fb
-        self.outs: list[torch.Tensor] = []
 
     def _over(self, p: slice):
         m = p.stop - p.start
@@ -170,33 +168,7 @@ class TboCapturedStep:
                                    for child, cfb, p in zip(self.tbo.children, self.fb.tbo_children, self.parts)]))
         return outs
 
-    def capture(self, graph: Graph) -> None:
-        tbo = self.tbo
-        tbo.init_cuda_graph_state(self.bs, self.bs)
-        tbo.init_forward_metadata_out_graph(self.fb, in_capture=True)
-        for _ in range(2):                              # SGLang's two warm-up runs (padding rows only)
-            self.forward()
-            tbo.on_after_cuda_graph_warmup()
-        self.outs = graph.capture(self.forward)
-
-    def load(self, rows, seq, gen):
-        """SGLang's load_batch (the padded tail reset), then its replay-side prep: TboAttnBackend's
-        out_graph hook with the padded view (the children get their slices of it)."""
-        n, r2t, bs = len(rows), self.runner.req_to_token_pool.req_to_token, self.bs
-        self.req_pool_indices.zero_()
-        self.out_cache_loc.zero_()
-        self.seq_lens.fill_(1)
-        self.req_pool_indices[:n] = torch.tensor(rows)
-        self.seq_lens[:n] = torch.tensor(seq)
-        self.out_cache_loc[:n] = torch.stack([r2t[r, s - 1] for r, s in zip(rows, seq)]).long()
-        for li in range(LAYERS):
-            self.q[li].copy_(fr.query(gen, bs))
-            self.topk[li].fill_(-1)
-            self.topk[li][:n] = fr.causal_topk(gen, [s - 1 for s in seq])
-        view = SimpleNamespace(batch_size=bs, num_padding=bs - n, forward_mode=self.fb.forward_mode,
-                               actual_forward_mode=self.fb.forward_mode, req_pool_indices=self.req_pool_indices,
-                               seq_lens=self.seq_lens, seq_lens_cpu=self.seq_lens, out_cache_loc=self.out_cache_loc,
-                               spec_info=None, seq_lens_sum=int(self.seq_lens.sum()), max_seq_len_override=None)
+    def replay_prep(self, view) -> None:
         self.make.current["backend"] = self.tbo
         self.tbo.init_forward_metadata_out_graph(view)
 

@@ -98,16 +98,19 @@ class Reference:
 SINK = torch.tensor([0.3, -0.7])
 
 
-def make_backend(req_to_token, ess=None):
+def make_backend(req_to_token, ess=None, fp8_rows=False):
+    """The backend without a model runner; fp8_rows=False keeps the small test layers' rows unrounded (V4's
+    FP8 row needs 512 channels)."""
     backend = DeepseekV4CpuAttnBackend.__new__(DeepseekV4CpuAttnBackend)
-    backend.req_to_token = req_to_token
+    backend.req_to_token, backend.fp8_rows = req_to_token, fp8_rows
     backend.window, backend.index_topk = WINDOW, TOPK
     backend.rows, backend.chosen, backend.compressors, backend.ess = SideRows(), {}, {}, ess
     return backend
 
 
-def run_steps(layers, backends, steps, reqs, seq, on_outputs):
-    """Feed the same random inputs to every backend; on_outputs(got per backend, new, positions, x, swa, qs)."""
+def run_steps(layers, backends, steps, reqs, seq, on_outputs, d=D):
+    """Feed the same random inputs to every backend (rows of d channels); on_outputs(got per backend, new,
+    positions, x, swa, qs)."""
     for new, decode in steps:
         positions = torch.cat([torch.arange(seq[r], seq[r] + new[r]) for r in reqs])
         out_loc = torch.cat([backends[0].req_to_token[r, seq[r]:seq[r] + new[r]] for r in reqs])
@@ -118,8 +121,8 @@ def run_steps(layers, backends, steps, reqs, seq, on_outputs):
                                    extend_seq_lens=torch.tensor([new[r] for r in reqs]),
                                    req_pool_indices=torch.tensor(reqs), positions=positions, out_cache_loc=out_loc)
         x = rnd(t, HIDDEN)
-        swa = {lid: rnd(t, D) for lid in layers}
-        qs = {lid: rnd(t, HEADS, D) for lid in layers}
+        swa = {lid: rnd(t, d) for lid in layers}
+        qs = {lid: rnd(t, HEADS, d) for lid in layers}
         gots = []
         for backend in backends:
             backend.init_forward_metadata(fb)
@@ -130,7 +133,7 @@ def run_steps(layers, backends, steps, reqs, seq, on_outputs):
                     backend.forward_c4_indexer(x, x, fb, idx)
                 if comp is not None:
                     backend.forward_core_compressor(x, fb, lid, comp)
-                layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=D)
+                layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=d)
                 got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
             gots.append(got)
         on_outputs(gots, new, positions, x, swa, qs)

@@ -4,7 +4,9 @@ through a per-request hot buffer of 5 entries (top-3 of up to 47: the exact LRU 
 warm-started from the extend's last query positions, against the same arm with ESS off on the same inputs:
 every layer's output is bit-identical (the same float32 entries gathered in the same top-k order), misses and
 fetched rows are counted, a closed request leaves no host row, hot slot or open buffer, its host rows read
-zero, and reused request rows (closed, or reopened by an extend from position 0) serve again identically."""
+zero, and reused request rows (closed, or reopened by an extend from position 0) serve again identically.
+The first test runs small float32 rows; the second V4's 512-channel entries in SGLang's 584-byte FP8 row
+(attention/dsv4_kv_rows.py), ESS off rounding its rows the same way."""
 
 import pytest
 
@@ -31,7 +33,7 @@ def test_c4_entries_through_host_store_equal_ess_off():
     perm = torch.randperm(900, generator=G)
     req_to_token = torch.stack([perm[:300], perm[300:600], perm[600:]])
     store = C4EntryStore([2, 4], D, TOPK, request_rows=3, max_context_tokens=300, hot_slots_per_request=HOT,
-                         warmup_queries=2)
+                         warmup_queries=2, fp8_rows=False)
     on, off = make_backend(req_to_token, store), make_backend(req_to_token)
     steps = [({0: 150, 1: 13}, False), ({0: 5, 1: 30}, False)] + [({0: 1, 1: 1}, True)] * 10
     run_steps(layers, [on, off], steps, [0, 1], {0: 0, 1: 0}, _equal)
@@ -54,6 +56,44 @@ def test_c4_entries_through_host_store_equal_ess_off():
     assert u["host_tokens_live"] == 0 and u["hot_slots_used"] == 0 and u["hot_requests_open"] == 0
     assert not store.store.host.rows.any()
     store.shutdown()
+
+
+def test_fp8_rows_on_host_equal_ess_off():
+    """V4's layout: host rows of 584 bytes, decoded = ESS off's rounded entries; every output bit-identical.
+    With ESS on keeping unrounded entries (or ESS off not rounding) the outputs differ."""
+    from sgl_ess.attention.dsv4_kv_rows import ROW_BYTES, dequantize_rows
+
+    d = 512
+    layers = {0: (0, None, None), 2: (4, compressor(4, d), indexer(2)), 3: (128, compressor(128, d), None)}
+    perm = torch.randperm(600, generator=G)
+    req_to_token = torch.stack([perm[:300], perm[300:]])
+    store = C4EntryStore([2], d, TOPK, request_rows=2, max_context_tokens=300, hot_slots_per_request=HOT,
+                         warmup_queries=2)
+    assert store.cfg.row_bytes == ROW_BYTES == 584
+    on, off = make_backend(req_to_token, store, fp8_rows=True), make_backend(req_to_token, fp8_rows=True)
+    # the same arm whose host store keeps the C4 entries as float32: only the C4 layer's output may differ
+    raw = make_backend(req_to_token, C4EntryStore([2], d, TOPK, request_rows=2, max_context_tokens=300,
+                                                  hot_slots_per_request=HOT, warmup_queries=2, fp8_rows=False),
+                       fp8_rows=True)
+    differs = []
+
+    def check(gots, *_):
+        _equal(gots[:2])
+        assert torch.equal(gots[2][0], gots[1][0]) and torch.equal(gots[2][3], gots[1][3])
+        differs.append(not torch.equal(gots[2][2], gots[1][2]))
+
+    steps = [({0: 150, 1: 13}, False)] + [({0: 1, 1: 1}, True)] * 6
+    run_steps(layers, [on, off, raw], steps, [0, 1], {0: 0, 1: 0}, check, d=d)
+    assert all(differs), differs                         # float32 entries are not the V4 pool's
+    n = int(store.written[0, 0])
+    host = store.store.host.rows[0][store.req_to_host[0, :n]]
+    want = off.rows.read(2, "c4", req_to_token[0, torch.arange(n) * 4 + 3])
+    assert host.shape == (n, 584) and torch.equal(dequantize_rows(host), want)
+    assert store.usage()["misses_per_layer"][0] > 0
+    store.close_rows([0, 1])
+    assert not store.store.host.rows.any() and store.usage()["hot_requests_open"] == 0
+    store.shutdown()
+    raw.ess.shutdown()
 
 
 def test_hot_buffer_smaller_than_topk_is_refused():

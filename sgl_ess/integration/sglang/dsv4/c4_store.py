@@ -1,9 +1,11 @@
 """ESS for DeepSeek-V4 on the CPU dsv4 arm: the C4 layers' compressed entries in ESS's host store.
 
 Memory ownership (one object per model runner, ESS on):
-  host   LatentStore.host  uint8 [C, R * E, 4 * d]  every finished C4 entry of every request row, one row
-                                                    per entry (float32 [d], the CPU arm's unquantized
-                                                    entry; C = the model's C4 layers in layer order)
+  host   LatentStore.host  uint8 [C, R * E, B]      every finished C4 entry of every request row, one row
+                                                    per entry: B = 584, SGLang's V4 FP8 row
+                                                    (attention/dsv4_kv_rows.py; ``fp8_rows``), or 4 * d,
+                                                    float32 [d] (test layers whose head is not V4's 512);
+                                                    C = the model's C4 layers in layer order
   slots  LatentStore.slots                          per request row a hot buffer of N entries per C4 layer,
                                                     with ESS's exact LRU (store/hot_buffer.py)
   table  req_to_host int64 [R, E]                   entry j of request row r lives at host row r * E + j
@@ -25,23 +27,33 @@ from __future__ import annotations
 
 import torch
 
+from sgl_ess.attention.dsv4_kv_rows import HEAD_DIM, ROW_BYTES, dequantize_rows, quantize_rows
 from sgl_ess.store import StoreConfig
 from sgl_ess.store.latent_store import LatentStore
 
 C4_RATIO = 4
 
 
+def entry_bytes(head_dim: int, fp8_rows: bool) -> int:
+    """A host row: SGLang's V4 FP8 row (584 B), or float32 [head_dim]."""
+    return ROW_BYTES if fp8_rows else 4 * head_dim
+
+
 class C4EntryStore:
     def __init__(self, c4_layers: list[int], head_dim: int, index_topk: int, request_rows: int,
                  max_context_tokens: int, hot_slots_per_request: int, warmup_queries: int = 32,
-                 engine: str = "inline"):
+                 engine: str = "inline", fp8_rows: bool = True):
         if hot_slots_per_request < index_topk + 1:
             raise ValueError(f"DeepSeek-V4 with ESS: {hot_slots_per_request} hot entries per request and C4 layer; "
                              f"index_topk={index_topk} needs >= {index_topk + 1} (--ess-hot-slots-per-request)")
+        if fp8_rows and head_dim != HEAD_DIM:
+            raise ValueError(f"DeepSeek-V4's FP8 rows hold head_dim {HEAD_DIM}, got {head_dim} (fp8_rows=False keeps "
+                             "float32 rows)")
         self.layers = {lid: i for i, lid in enumerate(c4_layers)}
         self.head_dim = head_dim
+        self.fp8_rows = fp8_rows
         self.max_entries = max(1, max_context_tokens // C4_RATIO)
-        self.cfg = StoreConfig(num_layers=len(c4_layers), row_bytes=4 * head_dim,
+        self.cfg = StoreConfig(num_layers=len(c4_layers), row_bytes=entry_bytes(head_dim, fp8_rows),
                                host_capacity_tokens=request_rows * self.max_entries,
                                hot_slots_per_request=hot_slots_per_request, max_requests=request_rows,
                                topk=index_topk, max_context_tokens=self.max_entries, device="cpu",
@@ -91,8 +103,7 @@ class C4EntryStore:
                              "request (--context-length sizes it)")
         if n == 0:
             return
-        new = entries.float().contiguous()
-        self.store.write_host(li, self.req_to_host[req, first:first + n], new.view(torch.uint8).reshape(n, -1))
+        self.store.write_host(li, self.req_to_host[req, first:first + n], self._encode(entries))
         self.written[li, req] = first + n
 
     def host_entries(self, layer_id: int, req: int, n: int) -> torch.Tensor:
@@ -101,8 +112,7 @@ class C4EntryStore:
         if n > int(self.written[li, req]):
             raise RuntimeError(f"C4 layer {layer_id}, request row {req}: {n} entries read, "
                                f"{int(self.written[li, req])} on host")
-        rows = self.store.host.rows[li][self.req_to_host[req, :n]]
-        return rows.view(torch.float32).reshape(n, self.head_dim)
+        return self._decode(self.store.host.rows[li][self.req_to_host[req, :n]])
 
     # --- the hot buffer ------------------------------------------------------------------------
     def warm(self, layer_id: int, req: int, n: int, topk_last: torch.Tensor) -> None:
@@ -123,7 +133,20 @@ class C4EntryStore:
         slots = self.store.resolve(li, torch.tensor(reqs, dtype=torch.int64),
                                    torch.tensor(entries, dtype=torch.int64), topk.to(torch.int64), self.req_to_host)
         rows = self.store.slot_rows[slots.long().clamp(min=0)]
-        return rows.view(torch.float32).reshape(topk.shape[0], topk.shape[1], self.head_dim)
+        return self._decode(rows.reshape(-1, rows.shape[-1])).view(topk.shape[0], topk.shape[1], self.head_dim)
+
+    # --- the row layout ------------------------------------------------------------------------
+    def _encode(self, entries: torch.Tensor) -> torch.Tensor:
+        """float [n, d] -> uint8 [n, row_bytes]."""
+        if self.fp8_rows:
+            return quantize_rows(entries)
+        return entries.float().contiguous().view(torch.uint8).reshape(entries.shape[0], -1)
+
+    def _decode(self, rows: torch.Tensor) -> torch.Tensor:
+        """uint8 [n, row_bytes] -> float32 [n, d]."""
+        if self.fp8_rows:
+            return dequantize_rows(rows)
+        return rows.contiguous().view(torch.float32).reshape(rows.shape[0], self.head_dim)
 
     # --- observability -------------------------------------------------------------------------
     def usage(self) -> dict:

@@ -7,9 +7,12 @@ indexer: its compressor, query, scores and top-k) and ``forward`` (attention). R
 token location; C4 entries are computed once when their block finishes and kept by the location of the
 block's last token, C128 entries and index keys are pooled from the stored projections when read;
 the math is sgl_ess/attention/dsv4_*.py (window 128 + compressed entries + sink in one softmax).
-With ESS on (``self.ess``, a C4EntryStore, c4_store.py) the C4 layers' entries live in ESS's host store:
-an extend reads its top-k from the host rows and warm-starts the request's LRU, a decode step reads
-its top-k through the request's hot buffer; window rows and C128 entries stay here.
+Every window row, C4 entry and C128 entry is rounded as SGLang's V4 pool stores it on a GPU (FP8 NoPE with
+power-of-two scales per 64 channels, BF16 RoPE: the 584-byte row of sgl_ess/attention/dsv4_kv_rows.py)
+when it is written (``fp8_rows``); the C4 indexer's keys stay float32.
+With ESS on (``self.ess``, a C4EntryStore, c4_store.py) the C4 layers' entries live in ESS's host store
+as those 584-byte rows: an extend reads its top-k from the host rows and warm-starts the request's LRU,
+a decode step reads its top-k through the request's hot buffer; window rows and C128 entries stay here.
 Not implemented (refused): CUDA graphs, speculative decoding, V4.1's ratio 1/2 layers, FP4 indexer.
 """
 
@@ -21,6 +24,7 @@ import torch
 
 from sgl_ess.attention.dsv4_attention import layer_attention
 from sgl_ess.attention.dsv4_indexer import index_scores, select_topk, visible_c4_entries
+from sgl_ess.attention.dsv4_kv_rows import HEAD_DIM, ROPE, round_rows
 from sgl_ess.attention.dsv4_rope import apply_rope_tail
 
 from .compressed_entries import entries, finished_entries, first_row
@@ -63,6 +67,11 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         hf = model_runner.model_config.hf_config
         if any(r in (1, 2) for r in getattr(hf, "compress_ratios", [])):
             raise NotImplementedError("DeepSeek-V4 on CPU: V4.1's ratio 1 / 2 layers are not implemented")
+        dims = (int(hf.head_dim), int(hf.qk_rope_head_dim))
+        if dims != (HEAD_DIM, ROPE):
+            raise NotImplementedError(f"DeepSeek-V4 on CPU: head_dim {dims[0]} with {dims[1]} RoPE channels; SGLang's "
+                                      f"V4 KV layout (584-byte FP8 rows) needs head_dim {HEAD_DIM}, {ROPE} RoPE")
+        self.fp8_rows = True          # rows rounded as the V4 pool's 584-byte layout (test doubles: False)
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.window = int(getattr(hf, "window_size", None) or hf.sliding_window)
@@ -94,7 +103,7 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
 
     def store_cache(self, layer_id, swa_k, forward_batch, **kwargs):
         b = self.forward_metadata
-        self.rows.write(layer_id, "swa", b.out_loc, swa_k[: b.out_loc.numel()])
+        self.rows.write(layer_id, "swa", b.out_loc, self._round(swa_k[: b.out_loc.numel()]))
 
     def forward_core_compressor(self, x, forward_batch, layer_id, compressor, **kwargs):
         b = self.forward_metadata
@@ -141,7 +150,7 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
             if compress_ratio == 4:
                 compressed, chosen = self._c4_entries(layer_id, b, i, n, toks, hot)
             elif compress_ratio == 128:
-                compressed = entries(self._compressor(layer_id), self.rows.read(layer_id, "core", locs))
+                compressed = self._round(entries(self._compressor(layer_id), self.rows.read(layer_id, "core", locs)))
                 visible = (pos + 1) // 128
                 j = torch.arange(max(int(compressed.shape[0]), 1))
                 chosen = torch.where(j[None, :] < visible[:, None], j[None, :], -1)
@@ -166,7 +175,7 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
                 self.ess.write(layer_id, b.req_pool_indices[i], done, got)
             else:
                 last = self.req_to_token[b.req_pool_indices[i], torch.arange(done, total) * 4 + 3].long()
-                self.rows.write(layer_id, "c4", last, got)
+                self.rows.write(layer_id, "c4", last, self._round(got))
         return total
 
     def _c4_decode_rows(self, layer_id: int, b: CpuBatch) -> dict:
@@ -198,6 +207,12 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
             return self.rows.read(layer_id, "c4", self.req_to_token[req, torch.arange(m) * 4 + 3].long()), chosen
         self.ess.warm(layer_id, req, m, chosen)   # every extend chunk; the last one wins
         return self.ess.host_entries(layer_id, req, m), chosen
+
+    def _round(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows float [..., d] as the V4 pool gives them back, float32 (ESS's host store rounds C4 entries itself)."""
+        if not self.fp8_rows or rows.numel() == 0:
+            return rows
+        return round_rows(rows.reshape(-1, rows.shape[-1])).view(rows.shape)
 
     def _compressor(self, layer_id):
         c = self.compressors.get(layer_id)

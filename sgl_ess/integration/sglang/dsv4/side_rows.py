@@ -1,7 +1,7 @@
 """The CPU dsv4 arm's rows, float32, addressed by SGLang's full-pool token location (out_cache_loc /
-req_to_token), one table per (layer, kind): the window row of every token ("swa", what the pool's FP8
-window row would hold, unquantized), and each compressed layer's per-token compressor projection
-wkv_gate(x) ("core", and "index" for the C4 indexer's own compressor). Compressed entries are pooled
+req_to_token), one table per (layer, kind): the window row of every token ("swa", the value the pool's
+584-byte FP8 window row holds: the arm rounds it so), and each compressed layer's per-token compressor
+projection wkv_gate(x) ("core", and "index" for the C4 indexer's own compressor). Compressed entries are pooled
 from the projections when read (compressed_entries.py), so no compressor ring is kept. Grows on demand.
 """
 

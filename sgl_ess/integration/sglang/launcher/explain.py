@@ -99,7 +99,7 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
 def v4_lines(v: dict, sizing: dict) -> list[str]:
     """The ESS plan of DeepSeek-V4 (launcher/v4_plan.py's sizing `v`): host side, device side, hot buffer."""
     c4, d = len(v["c4_layer_ids"]), v["head_dim"]
-    dev, e4 = v["device_bytes_per_request"], v["entry_bytes_v4_layout"]
+    dev, e4 = v["device_bytes_per_request"], v["entry_bytes"]
     window_rows = dev["window"] // (v["layers"] * e4)
     ids = ", ".join(map(str, v["c4_layer_ids"]))
     pool_source = ("--max-total-tokens" if sizing["source"] == "--max-total-tokens" else
@@ -112,11 +112,9 @@ def v4_lines(v: dict, sizing: dict) -> list[str]:
         "sgl_ess.sim v4`)",
         f"  to host (ESS's host store, dsv4/c4_store.py): the C4 entries, 1 per 4 tokens in each of the {c4} C4 "
         "layers",
-        f"    entry here: float32 [{d}] = {v['entry_bytes']} B (the CPU dsv4 arm's unquantized entry): host bytes per "
-        f"token {v['host_bytes_per_token']:g} = {c4} C4 layers x {v['entry_bytes']} B / 4",
-        f"    entry on a GPU node: SGLang's V4 FP8 layout, {e4} B (FP8 NoPE, a scale byte per 64 values + 1 pad, BF16 "
-        f"RoPE): host bytes per token {v['host_bytes_per_token_v4_layout']:g} = {c4} x {e4} B / 4 (not the "
-        "layout used here)",
+        f"    entry: SGLang's V4 FP8 row, {e4} B (FP8 NoPE, a scale byte per 64 values + 1 pad, BF16 RoPE; the "
+        f"layout of a GPU node's V4 pool): host bytes per token {v['host_bytes_per_token']:g} = {c4} C4 layers x "
+        f"{e4} B / 4",
         f"    host store: {_gb(v['host_store_bytes'])} = {v['request_rows']} request rows (--max-running-requests + "
         f"SGLang's padding row) x {v['entries_per_request']} entries per request (({v['context_tokens']} context "
         f"tokens, {v['context_tokens_source']}, + 4) // 4) x {c4} C4 layers x {v['entry_bytes']} B; "
@@ -129,12 +127,12 @@ def v4_lines(v: dict, sizing: dict) -> list[str]:
         f"state {_gb(dev['compressor_state'])}",
         f"  hot buffer: {v['hot_entries_per_request']} C4 entries per request and C4 layer ({v['hot_source']}; "
         f"needs >= index_topk + 1 = {v['index_topk'] + 1}): {c4} x {v['hot_entries_per_request']} x "
-        f"{v['entry_bytes']} B = {_gb(v['hot_buffer_bytes_per_request'])} per request here "
-        f"({_gb(v['hot_buffer_bytes_per_request_v4_layout'])} in the V4 layout); the store's slot space and LRU "
+        f"{v['entry_bytes']} B = {_gb(v['hot_buffer_bytes_per_request'])} per request; the store's slot space and LRU "
         f"state for {v['request_rows']} request rows: {_gb(v['store_device_bytes'])}",
         "    by tensor: " + ", ".join(f"{k} {_gb(b)}" for k, b in v["store_device_allocation"].items() if b),
-        "  in this CPU slice the device side is host memory too: the arm's float32 side rows (window rows, "
-        f"compressor projections; grown on demand) and SGLang's own V4 pool (its FP8 layout), {sizing['tokens']} "
+        "  in this CPU slice the device side is host memory too: the arm's float32 side rows (window rows "
+        "rounded as the FP8 layout, compressor projections; grown on demand) and SGLang's own V4 pool (its FP8 "
+        f"layout), {sizing['tokens']} "
         f"tokens ({pool_source})",
         "  (SGLang's own resolution and the model load run at launch, not here)",
     ]

@@ -6,8 +6,7 @@ every per-token and per-request byte count is the simulator's own arithmetic (ho
 device_parts, c4_bytes), so `python -m sgl_ess.sim v4` and ``--ess-explain`` cannot disagree.
 
   host    ESS's host store (integration/sglang/dsv4/c4_store.py): the C4 entries, one per 4 tokens in each
-          C4 layer. On this CPU slice an entry is the arm's float32 [head_dim] row (2048 B for head_dim
-          512); a GPU node would keep SGLang's V4 FP8 layout (584 B). The store holds a fixed
+          C4 layer, each in SGLang's V4 FP8 row (584 B, attention/dsv4_kv_rows.py). The store holds a fixed
           request rows x entries per request, so it is sized by --max-running-requests and the context
           length, not by --max-total-tokens.
   device  per request: the 128-token window of every layer (fixed per request), the C128 entries, the
@@ -31,6 +30,7 @@ from sgl_ess.serving.preflight import PreflightError
 # C4 store keeps that row's // 4 entries per request (dsv4/c4_store.py, C4_RATIO)
 REQ_TO_TOKEN_EXTRA_TOKENS = 4
 C4_RATIO = 4
+V4_HEAD_DIM, V4_ROPE = 512, 64          # SGLang's KVLayout.V4 (attention/dsv4_kv_rows.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,11 @@ def plan(model: str, v4: V4Model, cfg: EssConfig, running: int, context_given: O
                              "host store (entries per request); give --context-length")
     rows = running + 1                                   # SGLang's request rows: row 0 is padding
     entries = max(1, (context + REQ_TO_TOKEN_EXTRA_TOKENS) // C4_RATIO)
-    row_bytes = 4 * spec.head_dim                        # the CPU arm's entry: float32 [head_dim]
+    if spec.head_dim != V4_HEAD_DIM:
+        raise PreflightError(f"--model-path {model}: DeepSeek-V4 with head_dim {spec.head_dim}; SGLang's V4 KV "
+                             f"layout (584-byte FP8 rows: {V4_HEAD_DIM - V4_ROPE} NoPE + {V4_ROPE} RoPE) needs "
+                             f"head_dim {V4_HEAD_DIM}")
+    row_bytes = spec.entry_bytes                         # SGLang's V4 FP8 row, as the store keeps it
     hot, hot_source = hot_slots_rule(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb, len(c4_ids),
                                      row_bytes, spec.topk_entries, rows)
     if hot < spec.topk_entries + 1:
@@ -91,15 +95,12 @@ def plan(model: str, v4: V4Model, cfg: EssConfig, running: int, context_given: O
         "index_topk": spec.topk_entries, "index_head_dim": spec.index_head_dim,
         "context_tokens": context, "context_tokens_source": "--context-length" if context_given else
         "the model's config", "request_rows": rows, "entries_per_request": entries,
-        "entry_bytes": row_bytes, "entry_bytes_v4_layout": spec.entry_bytes,
-        "indexer_bytes_per_entry": spec.indexer_bytes_per_entry,
+        "entry_bytes": row_bytes, "indexer_bytes_per_entry": spec.indexer_bytes_per_entry,
         "host_bytes_per_token": host_bytes_per_token(spec, row_bytes),
-        "host_bytes_per_token_v4_layout": host_bytes_per_token(spec),
         "host_store_bytes": store.host_bytes,
         "device_bytes_per_request": device, "device_bytes_per_request_total": sum(device.values()),
         "hot_entries_per_request": hot, "hot_source": hot_source,
         "hot_buffer_bytes_per_request": c4_bytes(spec, hot, row_bytes),
-        "hot_buffer_bytes_per_request_v4_layout": c4_bytes(spec, hot),
         "store_device_allocation": alloc, "store_device_bytes": sum(alloc.values()),
     }
 
@@ -109,7 +110,9 @@ def store_config(c4_layers: int, head_dim: int, index_topk: int, request_rows: i
     """The StoreConfig of the C4EntryStore dsv4/ess_setup.py builds for these sizes (c4_store.py's fields)."""
     from sgl_ess.store.config import StoreConfig
 
-    return StoreConfig(num_layers=c4_layers, row_bytes=4 * head_dim,
+    from sgl_ess.sim.dsv4 import v4_entry_bytes
+
+    return StoreConfig(num_layers=c4_layers, row_bytes=v4_entry_bytes(head_dim - V4_ROPE, V4_ROPE),
                        host_capacity_tokens=request_rows * entries_per_request,
                        hot_slots_per_request=hot_entries, max_requests=request_rows, topk=index_topk,
                        max_context_tokens=entries_per_request, device="cpu", warmup_window=warmup_queries)

@@ -57,6 +57,28 @@ def sink_attention(q: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor, sink
     return torch.einsum("thk,tkd->thd", p, rows.float())          # ...with no value
 
 
+def partial_attention(q: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor,
+                      sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention of q float [T, H, D] over a part of its rows (float [T, K, D], keep bool [T, K]) without
+    the sink: (out float32 [T, H, D], lse float32 [T, H]; 0 and -inf where a query keeps no row). Parts over
+    disjoint rows merge by log-sum-exp (reference.merge_lse) and the sink is counted once after the merge
+    (reference.with_sink): the same softmax as ``sink_attention`` over all the rows (ESS's DA / DBA split)."""
+    s = torch.einsum("thd,tkd->thk", q.float(), rows.float()) * sm_scale
+    s = s.masked_fill(~keep[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    return torch.einsum("thk,tkd->thd", p, rows.float()), lse
+
+
+def window_rows(positions: torch.Tensor, swa_rows: torch.Tensor,
+                window: int = WINDOW_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows float [T, window, D], keep bool [T, window]): each query's window of swa_rows [n, D] by position."""
+    win = window_positions(positions, window)
+    if int(positions.max()) >= swa_rows.shape[0]:
+        raise ValueError(f"query position {int(positions.max())} has no row in swa_rows ({swa_rows.shape[0]})")
+    return swa_rows[win.clamp(min=0)], win >= 0
+
+
 def layer_attention(q: torch.Tensor, positions: torch.Tensor, swa_rows: torch.Tensor, sink: torch.Tensor,
                     sm_scale: float, compressed: torch.Tensor | None = None,
                     chosen: torch.Tensor | None = None, window: int = WINDOW_TOKENS) -> torch.Tensor:
@@ -66,10 +88,7 @@ def layer_attention(q: torch.Tensor, positions: torch.Tensor, swa_rows: torch.Te
     rows by position (n > max position); compressed float [N, D] or None (window-only layer), by entry
     index; chosen int [T, k] entry indices per query, -1 padding (C4: the indexer's top-k; C128: every
     visible entry, e.g. ``torch.arange`` masked by ``visible_entries``). Returns float32 [T, H, D]."""
-    win = window_positions(positions, window)
-    if int(positions.max()) >= swa_rows.shape[0]:
-        raise ValueError(f"query position {int(positions.max())} has no row in swa_rows ({swa_rows.shape[0]})")
-    rows, keep = swa_rows[win.clamp(min=0)], win >= 0
+    rows, keep = window_rows(positions, swa_rows, window)
     if compressed is not None:
         if chosen is None:
             raise ValueError("a compressed layer needs `chosen`, the entries each query attends to")

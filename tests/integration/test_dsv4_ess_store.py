@@ -117,4 +117,5 @@ def test_ess_on_refuses_what_the_slice_does_not_implement():
         got = refusals(runner, EssConfig(enabled=True))
         assert len(got) == 1 and named in got[0], got
     runner.server_args = types.SimpleNamespace(**args)
-    assert "inline only" in refusals(runner, EssConfig(enabled=True, prefetch_engine="worker"))[0]
+    assert refusals(runner, EssConfig(enabled=True, prefetch_engine="worker")) == []
+    assert "inline or worker" in refusals(runner, EssConfig(enabled=True, prefetch_engine="stream"))[0]

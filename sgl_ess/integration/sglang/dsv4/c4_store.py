@@ -19,7 +19,9 @@ CPU arm's SideRows (the device side of docs/dsv4.md's plan).
 Per request row: ``open`` on its first extend; ``write`` appends the entries whose blocks just finished
 (host, D2H counted); an extend reads its top-k from the host rows (``host_entries``) and warm-starts the
 LRU from the top-k of its last W query positions (``warm``); a decode step fetches its top-k through the
-hot buffer (``decode_rows``: plan, land, commit: misses host -> slot, LRU eviction);
+hot buffer (``plan``, ``step_rows``, ``land``, ``commit``: misses host -> slot, LRU eviction; with the
+worker engine the misses' fetch runs in the prefetch process while attention reads the resident entries:
+DA / DBA, ``mode``);
 ``close`` (SGLang frees the row: finish, abort, retract) zeroes its host rows and hot buffer.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from sgl_ess.attention.overlap import layer_mode, plan_layer
 from sgl_ess.attention.dsv4_kv_rows import HEAD_DIM, ROW_BYTES, dequantize_rows, quantize_rows
 from sgl_ess.store import StoreConfig
 from sgl_ess.store.latent_store import LatentStore
@@ -42,7 +45,7 @@ def entry_bytes(head_dim: int, fp8_rows: bool) -> int:
 class C4EntryStore:
     def __init__(self, c4_layers: list[int], head_dim: int, index_topk: int, request_rows: int,
                  max_context_tokens: int, hot_slots_per_request: int, warmup_queries: int = 32,
-                 engine: str = "inline", fp8_rows: bool = True):
+                 engine: str = "inline", fp8_rows: bool = True, overlap: str = "none", profile=None):
         if hot_slots_per_request < index_topk + 1:
             raise ValueError(f"DeepSeek-V4 with ESS: {hot_slots_per_request} hot entries per request and C4 layer; "
                              f"index_topk={index_topk} needs >= {index_topk + 1} (--ess-hot-slots-per-request)")
@@ -59,6 +62,9 @@ class C4EntryStore:
                                topk=index_topk, max_context_tokens=self.max_entries, device="cpu",
                                warmup_window=warmup_queries)
         self.store = LatentStore(self.cfg, engine=engine)
+        self.overlap, self.profile = overlap, profile
+        self.steps = {"single": 0, "dual": 0}     # decode steps attended in one part / as DA's two parts
+        self.num_model_layers = max(c4_layers) + 1 if c4_layers else 1
         self.req_to_host = torch.arange(request_rows * self.max_entries, dtype=torch.int64).view(
             request_rows, self.max_entries)
         self.written = torch.zeros(len(c4_layers), request_rows, dtype=torch.int64)   # entries on host
@@ -125,15 +131,32 @@ class C4EntryStore:
         self.warm_rows += int(self.store.warmup(self.layers[layer_id], torch.tensor([req]), torch.tensor([n]), ids,
                                                 self.req_to_host))
 
-    def decode_rows(self, layer_id: int, reqs: list[int], entries: list[int], topk: torch.Tensor) -> torch.Tensor:
-        """One decode step of one C4 layer: the requests' top-k (int [b, k] entry indices, -1 pad, each
-        below its request's `entries`) made resident in the hot buffers (hits stay, misses are fetched
-        from host, the LRU evicts). Returns float32 [b, k, d], the entries in top-k order (padding: any row)."""
-        li = self.layers[layer_id]
-        slots = self.store.resolve(li, torch.tensor(reqs, dtype=torch.int64),
-                                   torch.tensor(entries, dtype=torch.int64), topk.to(torch.int64), self.req_to_host)
-        rows = self.store.slot_rows[slots.long().clamp(min=0)]
-        return self._decode(rows.reshape(-1, rows.shape[-1])).view(topk.shape[0], topk.shape[1], self.head_dim)
+    def mode(self, layer_id: int) -> str:
+        """The overlap mode of C4 layer `layer_id` (--ess-prefetch-overlap-level; 'none' on a synchronous
+        engine: the inline engine's fetch is done when it is submitted, so there is nothing to hide)."""
+        return layer_mode(self.overlap, layer_id, self.profile, self.num_model_layers,
+                          synchronous=self.store.engine.synchronous)
+
+    def plan(self, layer_id: int, reqs: list[int], entries: list[int], topk: torch.Tensor, mode: str) -> list:
+        """One decode step of one C4 layer, planned as overlap mode `mode` wants (attention/overlap.py's
+        plan_layer: one StepPlan, or one per DBA half in its own ring group): the requests' top-k (int [b, k]
+        entry indices, -1 pad) resolved against their hot buffers and the misses' fetch submitted. Read
+        each step's rows with ``step_rows``, then ``land`` (the misses arrived) and ``commit`` (ring rows
+        move to their LRU slots) it."""
+        return plan_layer(self.store, mode, self.layers[layer_id], torch.tensor(reqs, dtype=torch.int64),
+                          torch.tensor(entries, dtype=torch.int64), topk.to(torch.int64), self.req_to_host)
+
+    def step_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """float32 [..., d]: the entries in slot rows `slots` (int [...], -1: padding, any row). A miss's row
+        is valid once its step has landed."""
+        rows = self.store.slot_rows[slots.long().clamp(min=0).reshape(-1)]
+        return self._decode(rows).view(*slots.shape, self.head_dim)
+
+    def land(self, step) -> None:
+        self.store.land(step)
+
+    def commit(self, step) -> None:
+        self.store.commit(step)
 
     # --- the row layout ------------------------------------------------------------------------
     def _encode(self, entries: torch.Tensor) -> torch.Tensor:
@@ -159,7 +182,8 @@ class C4EntryStore:
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  hot_slots_per_request=self.cfg.hot_slots_per_request, request_rows=self.cfg.max_requests,
                  hot_buffers=self.cfg.groups, opens=self.opens, bytes_h2d=snap["bytes_h2d"],
-                 bytes_d2h=snap["bytes_d2h"])
+                 bytes_d2h=snap["bytes_d2h"], engine=self.store.engine.name, overlap_level=self.overlap,
+                 single_steps=self.steps["single"], dual_steps=self.steps["dual"])
         return u
 
     def shutdown(self) -> None:

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_ess.attention.dsv4_attention import layer_attention
+from sgl_ess.attention.dsv4_attention import layer_attention, partial_attention, window_rows
 from sgl_ess.attention.dsv4_indexer import index_scores, select_topk, visible_c4_entries
 from sgl_ess.attention.dsv4_kv_rows import HEAD_DIM, ROPE, round_rows
 from sgl_ess.attention.dsv4_rope import apply_rope_tail
+from sgl_ess.attention.reference import merge_lse, with_sink
 
 from .compressed_entries import entries, finished_entries, first_row
 from .side_rows import SideRows
@@ -62,6 +63,7 @@ def batch_of(forward_batch) -> CpuBatch:
 
 
 class DeepseekV4CpuAttnBackend(AttentionBackend):
+    events: list | None = None        # a test's log of a decode's C4 steps ("attn0", "wait", "attn1", ...)
     def __init__(self, model_runner):
         super().__init__()
         hf = model_runner.model_config.hf_config
@@ -139,8 +141,9 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         b, layer_id = self.forward_metadata, layer.layer_id
         heads = q.shape[1]
         sink = attn_sink.float() if attn_sink is not None else torch.full((heads,), float("-inf"))
+        if self.ess is not None and compress_ratio == 4 and b.decode:
+            return self._c4_decode_ess(q, layer, b, sink[:heads]).to(q.dtype)
         out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
-        hot = self._c4_decode_rows(layer_id, b) if self.ess is not None and compress_ratio == 4 and b.decode else {}
         for i, n in enumerate(b.seq_lens):
             toks = (b.tok_req == i).nonzero().flatten()
             locs = self._locs(b, i, n)
@@ -148,7 +151,7 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
             pos = b.positions[toks]
             compressed = chosen = None
             if compress_ratio == 4:
-                compressed, chosen = self._c4_entries(layer_id, b, i, n, toks, hot)
+                compressed, chosen = self._c4_entries(layer_id, b, i, n, toks)
             elif compress_ratio == 128:
                 compressed = self._round(entries(self._compressor(layer_id), self.rows.read(layer_id, "core", locs)))
                 visible = (pos + 1) // 128
@@ -178,27 +181,80 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
                 self.rows.write(layer_id, "c4", last, self._round(got))
         return total
 
-    def _c4_decode_rows(self, layer_id: int, b: CpuBatch) -> dict:
-        """ESS on, one decode step of a C4 layer: every request's top-k fetched through its hot buffer at once.
-        Returns {batch index: float32 [k, d] entries in top-k order}."""
-        live = [(i, self._c4_finish(layer_id, b, i, n)) for i, n in enumerate(b.seq_lens)]
-        live = [(i, m) for i, m in live if m > 0]
+    def _c4_decode_ess(self, q, layer, b: CpuBatch, sink: torch.Tensor) -> torch.Tensor:
+        """ESS on, one decode step of a C4 layer (token i is request i's one query): every request's top-k
+        planned through its hot buffer at once (one plan, or one per DBA half), then per step
+          none / a step whose misses already landed: land, attend to window + top-k in one softmax with
+                 the sink (the same computation as ESS off, bit for bit);
+          da / dba: attend to the window and the resident entries while the misses are in flight (Attn0),
+                 land, attend to the misses (Attn1), merge by log-sum-exp, count the sink once;
+        and commit. Returns float32 [b, H, D]. ``self.events`` (a list, or None) logs what ran when."""
+        layer_id, heads = layer.layer_id, q.shape[1]
+        out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
+        live = []
+        for i, n in enumerate(b.seq_lens):
+            m = self._c4_finish(layer_id, b, i, n)
+            if m > 0:
+                live.append((i, m))
+            else:                                                          # no finished entry: the window only
+                swa = self.rows.read(layer_id, "swa", self._locs(b, i, n))
+                out[i:i + 1] = layer_attention(q[i:i + 1], b.positions[i:i + 1], swa, sink, layer.scaling,
+                                               window=self.window)
         if not live:
-            return {}
-        idx = torch.tensor([i for i, _ in live])
-        topk = self.chosen[layer_id][idx]           # decode: token i is request i's one query
-        rows = self.ess.decode_rows(layer_id, [b.req_pool_indices[i] for i, _ in live], [m for _, m in live], topk)
-        return {i: rows[j] for j, (i, _) in enumerate(live)}
+            return out
+        idx = [i for i, _ in live]
+        mode = self.ess.mode(layer_id)
+        steps = self.ess.plan(layer_id, [b.req_pool_indices[i] for i in idx], [m for _, m in live],
+                              self.chosen[layer_id][idx], mode)
+        note = (lambda what, step: self.events.append((what, layer_id, step.micro_batch))) \
+            if self.events is not None else (lambda what, step: None)
+        for step in steps:
+            note("plan", step)
+        start = 0
+        for step in steps:
+            part = idx[start:start + step.reqs.numel()]
+            slots = step.read_slots
+            start += len(part)
+            dual = not (mode == "none" or step.landed)
+            self.ess.steps["dual" if dual else "single"] += 1
+            if not dual:
+                note("wait", step)
+                self.ess.land(step)
+                note("attn", step)
+                rows = self.ess.step_rows(slots)
+                for j, i in enumerate(part):
+                    swa = self.rows.read(layer_id, "swa", self._locs(b, i, b.seq_lens[i]))
+                    col = torch.arange(slots.shape[1])
+                    chosen = torch.where(slots[j:j + 1] >= 0, col[None, :], -1)
+                    out[i:i + 1] = layer_attention(q[i:i + 1], b.positions[i:i + 1], swa, sink, layer.scaling,
+                                                   rows[j], chosen, self.window)
+            else:
+                note("attn0", step)
+                parts0 = []
+                for j, i in enumerate(part):             # the window and the resident entries, misses in flight
+                    swa = self.rows.read(layer_id, "swa", self._locs(b, i, b.seq_lens[i]))
+                    wrows, wkeep = window_rows(b.positions[i:i + 1], swa, self.window)
+                    hit = (slots[j:j + 1] >= 0) & ~step.staged[j:j + 1]
+                    hrows = self.ess.step_rows(torch.where(hit, slots[j:j + 1], -1))
+                    parts0.append(partial_attention(q[i:i + 1], torch.cat([wrows, hrows], 1),
+                                                    torch.cat([wkeep, hit], 1), layer.scaling))
+                note("wait", step)
+                self.ess.land(step)
+                note("attn1", step)
+                for j, i in enumerate(part):
+                    miss = (slots[j:j + 1] >= 0) & step.staged[j:j + 1]
+                    o1, l1 = partial_attention(q[i:i + 1], self.ess.step_rows(torch.where(miss, slots[j:j + 1], -1)),
+                                               miss, layer.scaling)
+                    o, lse = merge_lse(*parts0[j], o1, l1)
+                    out[i:i + 1] = with_sink(o, lse, sink)[0]
+            self.ess.commit(step)
+            note("commit", step)
+        return out
 
-    def _c4_entries(self, layer_id: int, b: CpuBatch, i: int, n: int, toks: torch.Tensor, hot: dict):
-        """(compressed [m, d], chosen [t, k]) of request i for layer_attention, or (None, None)."""
+    def _c4_entries(self, layer_id: int, b: CpuBatch, i: int, n: int, toks: torch.Tensor):
+        """(compressed [m, d], chosen [t, k]) of request i for layer_attention, or (None, None) (not the
+        decode of ESS on: _c4_decode_ess)."""
         chosen = self.chosen[layer_id][toks]
-        if self.ess is not None and b.decode:
-            rows = hot.get(i)
-            if rows is None:
-                return None, None
-            j = torch.arange(rows.shape[0])
-            return rows, torch.where(chosen >= 0, j[None, :], -1)
         m = self._c4_finish(layer_id, b, i, n)
         if m == 0:
             return None, None

@@ -4,7 +4,10 @@ request row closes its hot buffer and zeroes its host rows; ``/ess/status`` repo
 
 What this slice implements, and what it refuses with ESS on (never a silent fallback): the CPU, one
 scheduler (no TP / DP / PP ranks), no speculative decoding (MTP), no PD disaggregation, no CUDA / CPU
-graphs, no radix cache (a request's C4 entries are its own host rows), the inline fetch engine. One store per model runner (SGLang may build its backend more than once).
+graphs, no radix cache (a request's C4 entries are its own host rows); the inline or the worker fetch engine
+(``--ess-prefetch-engine``; auto: latent_store.auto_cpu_engine's rule, the worker with >= 4 cores per rank),
+the worker with DA / DBA (``--ess-prefetch-overlap-level``; 'full' per layer from ``--ess-overlap-profile``).
+One store per model runner (SGLang may build its backend more than once).
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ def refusals(runner, cfg: EssConfig) -> list[str]:
     if not getattr(args, "disable_radix_cache", False):
         out.append("the radix cache (serve with --disable-radix-cache: a request's C4 entries are its own host "
                    "rows, written from position 0)")
-    if cfg.prefetch_engine not in ("auto", "inline"):
-        out.append(f"--ess-prefetch-engine {cfg.prefetch_engine} (inline only)")
+    if cfg.prefetch_engine not in ("auto", "inline", "worker"):
+        out.append(f"--ess-prefetch-engine {cfg.prefetch_engine} (inline or worker on the CPU arm)")
     if cfg.speculative_prefetch != "off":
         out.append(f"--ess-speculative-prefetch {cfg.speculative_prefetch}")
     return out
@@ -92,11 +95,24 @@ def c4_store_for(runner, hf, req_to_token):
     topk = int(hf.index_topk)
     hot, source = hot_slots_rule(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb, max(1, len(c4_layers)),
                                  4 * head_dim, topk, rows)
-    store = C4EntryStore(c4_layers, head_dim, topk, rows, max_context, hot, warmup_queries=cfg.warmup_queries)
+    from sgl_ess.attention.overlap import OverlapProfile
+    from sgl_ess.store.latent_store import auto_cpu_engine
+
+    engine = auto_cpu_engine() if cfg.prefetch_engine == "auto" else cfg.prefetch_engine
+    profile = None
+    if cfg.prefetch_overlap_level == "full":
+        if not cfg.overlap_profile:
+            raise NotImplementedError("DeepSeek-V4 with ESS on: --ess-prefetch-overlap-level full needs a per-layer "
+                                      "profile of this model (--ess-overlap-profile FILE); the packaged profile is "
+                                      "DeepSeek-V3.2's. Use da or dba")
+        profile = OverlapProfile.load(cfg.overlap_profile)
+    store = C4EntryStore(c4_layers, head_dim, topk, rows, max_context, hot, warmup_queries=cfg.warmup_queries,
+                         engine=engine, overlap=cfg.prefetch_overlap_level, profile=profile)
     adapter = V4EssAdapter(runner, store)
     _stores[id(runner)] = adapter
     lifecycle.register_adapter(adapter)
     logger.info("DeepSeek-V4 ESS: C4 layers %s in the host store (%d request rows x %d entries, %d B rows), "
-                "%d hot entries per request and layer (%s), top-k %d", c4_layers, rows, store.max_entries,
-                store.cfg.row_bytes, hot, source, topk)
+                "%d hot entries per request and layer (%s), top-k %d, %s engine, overlap %s", c4_layers, rows,
+                store.max_entries, store.cfg.row_bytes, hot, source, topk, engine,
+                store.mode(c4_layers[0]) if c4_layers else "none")
     return store

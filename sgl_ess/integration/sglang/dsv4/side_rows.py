@@ -32,3 +32,7 @@ class SideRows:
             raise RuntimeError(f"dsv4 CPU arm: layer {layer_id} has no '{kind}' row for a location it reads "
                                "(a token whose row was never written)")
         return table[loc.long()]
+
+    def table(self, layer_id: int, kind: str) -> torch.Tensor | None:
+        """The (layer, kind) table float32 [n, d] as stored (rows never written are 0), or None."""
+        return self._tables.get((layer_id, kind))

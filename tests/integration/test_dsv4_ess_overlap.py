@@ -24,12 +24,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 
-from sgl_ess.integration.sglang.dsv4.c4_store import C4EntryStore  # noqa: E402
-
-from .test_dsv4_cpu_backend import D, G, HEADS, TOPK, WINDOW, compressor, indexer, make_backend, run_steps  # noqa: E402
+from .test_dsv4_cpu_backend import D, TOPK, WINDOW, compressor, indexer, make_backend, run_steps  # noqa: E402
+from .test_dsv4_ess_store import c4_store, paged_req_to_token  # noqa: E402
 
 pytestmark = pytest.mark.integration
-HOT = 5
 U = 2.0 ** -24
 
 
@@ -47,10 +45,8 @@ def _bound(off, lid, q):
 def test_c4_decode_overlap_levels_on_the_worker_engine(level):
     layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None),
               4: (4, compressor(4, D), indexer(4))}
-    perm = torch.randperm(900, generator=G)
-    req_to_token = torch.stack([perm[:300], perm[300:600], perm[600:]])
-    store = C4EntryStore([2, 4], D, TOPK, request_rows=3, max_context_tokens=300, hot_slots_per_request=HOT,
-                         warmup_queries=2, engine="worker", fp8_rows=False, overlap=level)
+    req_to_token, pool = paged_req_to_token(3, 300)
+    store = c4_store(req_to_token, pool, engine="worker", overlap=level)
     try:
         assert store.mode(2) == level and store.store.engine.name == "worker"
         on, off = make_backend(req_to_token, store), make_backend(req_to_token)

@@ -5,12 +5,12 @@ per-request hot buffer of 40 entries with ESS's exact LRU, warm-started from the
 (dsv4/c4_store.py); window rows and C128 entries stay in the CPU arm's rows. One pair of servers (ESS on,
 ESS off, the same flags otherwise) serves the module; the same prompts go to both from 3 client threads
 with 2 running requests at most, so request rows are reused, and every prompt (200-320 tokens: 50-80 C4
-entries) is longer than the hot buffer, so decode steps miss and fetch. With overlap level none, greedy tokens and the top-3
-log-probs of every output token are equal (the same float32 entries in the same top-k order); the ESS
+entries) is longer than the hot buffer, so decode steps miss and fetch. With overlap level none, greedy
+tokens and the top-3 log-probs of every output token are equal (the same entries in the same top-k order); the ESS
 counters show fetched rows, misses and warm-up rows; live host rows, hot slots and open hot buffers are
 back to zero without a flush. A third server runs the worker engine (a prefetch process) at the default
-overlap level, da: its counters show decode steps attended in two parts while misses were in flight. ESS on
-with what the slice does not implement (the radix cache) stops with a clear error."""
+overlap level, da, with SGLang's radix cache: its counters show decode steps attended in two parts while
+misses were in flight, and two later prompts sharing a cached 256-token page reuse its C4 entries from host."""
 
 import concurrent.futures as cf
 import os
@@ -23,12 +23,15 @@ from .conftest import _need_sglang
 pytestmark = pytest.mark.integration
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(REPO, "sgl_ess", "models", "tiny_dsv4")
-COMMON = ["--model-path", MODEL, "--load-format", "dummy", "--max-total-tokens", "4096", "--swa-full-tokens-ratio",
-          "0.5", "--max-running-requests", "2", "--disable-radix-cache"]
+BASE = ["--model-path", MODEL, "--load-format", "dummy", "--max-total-tokens", "4096", "--swa-full-tokens-ratio",
+        "0.5", "--max-running-requests", "2"]
+COMMON = BASE + ["--disable-radix-cache"]
 ENV = {"SGLESS_DUMMY_INIT": "scaled"}
 HOT = 40
 PROMPTS = [[(7 * i * i + 13 * i + 5 * s + 3) % 2000 + 2 for i in range(200 + 30 * s)] for s in range(5)]
 NEW_TOKENS = 12
+# two prompts after the first batch that share PROMPTS[4]'s first 256 tokens (one V4 page): radix-cache hits
+SHARED = [PROMPTS[4][:256] + [(11 * i + 7 * s) % 2000 + 2 for i in range(24)] for s in range(2)]
 
 
 def _generate(srv, prompt):
@@ -50,13 +53,15 @@ def runs():
     _need_sglang()
     servers = start_together({"on": (COMMON + ["--ess-hot-slots-per-request", str(HOT),
                                                "--ess-prefetch-overlap-level", "none"], ENV),
-                              "da": (COMMON + ["--ess-hot-slots-per-request", str(HOT),
-                                               "--ess-prefetch-engine", "worker"], ENV),
+                              "da": (BASE + ["--ess-hot-slots-per-request", str(HOT),
+                                             "--ess-prefetch-engine", "worker"], ENV),
                               "off": (COMMON + ["--ess-enabled", "false"], ENV)}, prefix="dsv4_ess_")
     out = {}
     try:
         for name, srv in servers.items():
             out[name] = _batch(srv)
+            if name == "da":                    # the radix cache: sequential, so the prefix is cached first
+                out["da_shared"] = [_generate(srv, p) for p in SHARED]
             if name in ("on", "da"):
                 out[name + "_usage"] = srv.ess_usage()
                 out[name + "_zero"] = srv.wait_ess_zero(timeout_s=120)
@@ -103,7 +108,19 @@ def test_worker_engine_overlaps_the_fetch(runs):
     u = runs["da_usage"]
     assert u["engine"] == "worker" and u["overlap_level"] == "da", u
     assert u["dual_steps"] > 0 and all(m > 0 for m in u["misses_per_layer"]), u
-    assert all(len(r[0]) == NEW_TOKENS for r in runs["da"])
+    assert all(len(r[0]) == NEW_TOKENS for r in runs["da"] + runs["da_shared"])
     assert "Traceback" not in runs["da_log"]
     same = sum(a[0] == b[0] for a, b in zip(runs["da"], runs["off"]))
+    print(f"DA server: reused C4 entries {u['reused_entries']}, cached {u['host_tokens_cached']}")
     print(f"DA server: {same} of {len(PROMPTS)} requests' greedy tokens equal ESS off's")
+
+
+def test_radix_cache_prefix_entries_are_reused(runs):
+    """The da server runs SGLang's radix cache: the two SHARED prompts start after PROMPTS[4]'s first 256-token
+    page, whose 64 C4 entries per layer each finds on host (written when PROMPTS[4] was served) instead of
+    recomputing them; they stay cached (used, not live) until the flush of wait_ess_zero zeroes them."""
+    u = runs["da_usage"]
+    assert u["reused_entries"] >= 64 * len(SHARED), u
+    assert u["host_tokens_cached"] >= 64 and u["host_tokens_live"] == 0, u
+    z = runs["da_zero"]
+    assert z["host_tokens_used"] == 0 and z["host_tokens_cached"] == 0, z

@@ -4,7 +4,7 @@ The launcher's main() runs in this process (no server starts: --ess-explain prin
 refusal exits 2), host memory fixed by a stub /proc/meminfo. For the tiny V4 (sgl_ess/models/tiny_dsv4) every
 number of the plan is recomputed here from its config.json by hand: what goes to host (C4 entries, 1 per 4
 tokens per C4 layer, in the 584-byte FP8 row of a V4 pool), the host store
-(request rows x entries per request), what stays on the device per request (the fixed window, C128 entries,
+(one row per C4 location of the KV pool), what stays on the device per request (the fixed window, C128 entries,
 index keys, compressor state) and the hot buffer. A V4-Flash-shaped config.json gives the simulator's host
 bytes per token (3066). The StoreConfig the plan sizes is the one dsv4/c4_store.C4EntryStore builds."""
 
@@ -70,10 +70,12 @@ def test_tiny_v4_plan_numbers_from_its_config(launch):
     assert f"{c4} C4 (layers 2, 4) + {c128} C128 + 2 window only" in out
     assert f"SGLang's V4 FP8 row, {fp8} B" in out
     assert f"host bytes per token {c4 * fp8 // 4} = {c4} C4 layers x {fp8} B / 4" in out
-    rows, entries = running + 1, (ctx + 4) // 4                   # SGLang's padding row; req_to_token + 4
+    # one host row per C4 location of the KV pool: the launcher's default 65536 tokens on CPU, in 256-token
+    # pages, + SGLang's padding page, // 4
+    pool = 65536 // 256 * 256 + 256
     host = _plan_line(out, "host store:")
-    assert _bytes(host, "host store:") == rows * entries * c4 * here
-    assert f"{rows} request rows" in host and f"{entries} entries per request" in host
+    assert _bytes(host, "host store:") == pool // 4 * c4 * here
+    assert f"{pool // 4} C4 locations (the {pool}-location KV pool // 4" in host
 
     # the device, per request at the context length, in SGLang's V4 layout
     dev = _plan_line(out, "on the device, per request")
@@ -98,14 +100,20 @@ def test_the_planned_store_is_the_one_the_runner_builds(launch):
     from sgl_ess.integration.sglang.dsv4.c4_store import C4EntryStore
     from sgl_ess.integration.sglang.launcher import v4_plan
 
-    rows, ctx, hot = 3, 256, 40
-    store = C4EntryStore([2, 4], 512, 32, rows, ctx + v4_plan.REQ_TO_TOKEN_EXTRA_TOKENS, hot)
+    import torch
+
+    rows, ctx, hot, tokens = 3, 256, 40, 3000
+    pool = v4_plan.runner_pool_tokens(tokens)
+    assert pool == 11 * 256 + 256
+    req_to_token = torch.zeros(rows, ctx + v4_plan.REQ_TO_TOKEN_EXTRA_TOKENS, dtype=torch.int32)
+    store = C4EntryStore([2, 4], 512, 32, req_to_token, pool, hot)
     try:
-        assert v4_plan.store_config(2, 512, 32, rows, (ctx + 4) // 4, hot, 32) == store.cfg
+        assert v4_plan.store_config(2, 584, 32, rows, (ctx + 4) // 4, pool, hot, 32) == store.cfg
     finally:
         store.shutdown()
     code, out, err = launch("--model-path", TINY, "--max-running-requests", str(rows - 1), "--context-length",
-                            str(ctx), "--ess-hot-slots-per-request", str(hot), "--ess-explain")
+                            str(ctx), "--max-total-tokens", str(tokens), "--ess-hot-slots-per-request", str(hot),
+                            "--ess-explain")
     assert code == 0, err
     line = _plan_line(out, "hot buffer:")
     assert _bytes(line, "LRU state for 3 request rows:") == sum(store.cfg.device_allocation().values())

@@ -1,28 +1,33 @@
 """ESS for DeepSeek-V4 on the CPU dsv4 arm: the C4 layers' compressed entries in ESS's host store.
 
 Memory ownership (one object per model runner, ESS on):
-  host   LatentStore.host  uint8 [C, R * E, B]      every finished C4 entry of every request row, one row
-                                                    per entry: B = 584, SGLang's V4 FP8 row
-                                                    (attention/dsv4_kv_rows.py; ``fp8_rows``), or 4 * d,
-                                                    float32 [d] (test layers whose head is not V4's 512);
-                                                    C = the model's C4 layers in layer order
+  host   LatentStore.host  uint8 [C, P / 4, B]      one row per C4 location of SGLang's KV pool (P token
+                                                    locations; a C4 block's entry lives at its last token's
+                                                    location // 4, SGLang's own mapping), per C4 layer:
+                                                    B = 584, SGLang's V4 FP8 row (attention/dsv4_kv_rows.py;
+                                                    ``fp8_rows``), or 4 * d, float32 [d] (test layers whose
+                                                    head is not V4's 512); C = the C4 layers in layer order
   slots  LatentStore.slots                          per request row a hot buffer of N entries per C4 layer,
                                                     with ESS's exact LRU (store/hot_buffer.py)
-  table  req_to_host int64 [R, E]                   entry j of request row r lives at host row r * E + j
+  table  req_to_host int64 [R, E]                   entry j of request row r: its C4 location (valid for
+                                                    j < known[r]); present bool [C, P / 4]: rows written
 R = SGLang's request rows, E = max context tokens // 4 (a request's entries). The store is ESS's
 LatentStore itself, keyed by C4 entry index where the DSA path keys by token position: its "tokens" are
-a request's C4 entries, its sequence length the number of finished entries.
+a request's C4 entries, its sequence length the number of finished entries. Keying host rows by location
+makes SGLang's radix cache work: a request that starts after a cached prefix finds that prefix's entries
+where the request that computed them wrote them.
 
 Not here: window rows, C128 entries, the C4 indexer's keys and the compressor projections stay in the
 CPU arm's SideRows (the device side of docs/dsv4.md's plan).
 
-Per request row: ``open`` on its first extend; ``write`` appends the entries whose blocks just finished
-(host, D2H counted); an extend reads its top-k from the host rows (``host_entries``) and warm-starts the
-LRU from the top-k of its last W query positions (``warm``); a decode step fetches its top-k through the
-hot buffer (``plan``, ``step_rows``, ``land``, ``commit``: misses host -> slot, LRU eviction; with the
-worker engine the misses' fetch runs in the prefetch process while attention reads the resident entries:
-DA / DBA, ``mode``);
-``close`` (SGLang frees the row: finish, abort, retract) zeroes its host rows and hot buffer.
+Per request row: ``begin_extend`` opens the hot buffer on its first extend (and fills its table for a
+cached prefix); ``write`` stores the entries whose blocks just finished (host, D2H counted); an extend reads
+its top-k from the host rows (``host_entries``) and warm-starts the LRU from the top-k of its last W query
+positions (``warm``); a decode step fetches its top-k through the hot buffer (``plan``, ``step_rows``,
+``land``, ``commit``: misses host -> slot, LRU eviction; with the worker engine the misses' fetch runs in
+the prefetch process while attention reads the resident entries: DA / DBA, ``mode``); ``close`` (SGLang
+frees the row: finish, abort, retract) closes its hot buffer. ``clear_locs`` (SGLang frees pages: a request
+without the radix cache, an evicted prefix, a flush) zeroes the host rows of the blocks those pages end.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 
 from sgl_ess.attention.overlap import layer_mode, plan_layer
 from sgl_ess.attention.dsv4_kv_rows import HEAD_DIM, ROW_BYTES, dequantize_rows, quantize_rows
-from sgl_ess.store import StoreConfig
+from ..launcher.v4_plan import store_config
 from sgl_ess.store.latent_store import LatentStore
 
 C4_RATIO = 4
@@ -43,50 +48,80 @@ def entry_bytes(head_dim: int, fp8_rows: bool) -> int:
 
 
 class C4EntryStore:
-    def __init__(self, c4_layers: list[int], head_dim: int, index_topk: int, request_rows: int,
-                 max_context_tokens: int, hot_slots_per_request: int, warmup_queries: int = 32,
-                 engine: str = "inline", fp8_rows: bool = True, overlap: str = "none", profile=None):
+    def __init__(self, c4_layers: list[int], head_dim: int, index_topk: int, req_to_token: torch.Tensor,
+                 pool_tokens: int, hot_slots_per_request: int, warmup_queries: int = 32, engine: str = "inline",
+                 fp8_rows: bool = True, overlap: str = "none", profile=None):
+        """req_to_token: SGLang's int [R, T] request-row -> token-location table (read, never written);
+        pool_tokens: the full KV pool's locations (a multiple of 4; SGLang's V4 pages are 256 tokens)."""
         if hot_slots_per_request < index_topk + 1:
             raise ValueError(f"DeepSeek-V4 with ESS: {hot_slots_per_request} hot entries per request and C4 layer; "
                              f"index_topk={index_topk} needs >= {index_topk + 1} (--ess-hot-slots-per-request)")
         if fp8_rows and head_dim != HEAD_DIM:
             raise ValueError(f"DeepSeek-V4's FP8 rows hold head_dim {HEAD_DIM}, got {head_dim} (fp8_rows=False keeps "
                              "float32 rows)")
+        if pool_tokens % C4_RATIO:
+            raise ValueError(f"DeepSeek-V4 with ESS: a KV pool of {pool_tokens} locations is not whole C4 blocks")
+        request_rows, max_context_tokens = int(req_to_token.shape[0]), int(req_to_token.shape[1])
+        self.req_to_token = req_to_token
         self.layers = {lid: i for i, lid in enumerate(c4_layers)}
         self.head_dim = head_dim
         self.fp8_rows = fp8_rows
         self.max_entries = max(1, max_context_tokens // C4_RATIO)
-        self.cfg = StoreConfig(num_layers=len(c4_layers), row_bytes=entry_bytes(head_dim, fp8_rows),
-                               host_capacity_tokens=request_rows * self.max_entries,
-                               hot_slots_per_request=hot_slots_per_request, max_requests=request_rows,
-                               topk=index_topk, max_context_tokens=self.max_entries, device="cpu",
-                               warmup_window=warmup_queries)
+        self.cfg = store_config(len(c4_layers), entry_bytes(head_dim, fp8_rows), index_topk, request_rows,
+                                self.max_entries, pool_tokens, hot_slots_per_request, warmup_queries)
         self.store = LatentStore(self.cfg, engine=engine)
         self.overlap, self.profile = overlap, profile
         self.steps = {"single": 0, "dual": 0}     # decode steps attended in one part / as DA's two parts
         self.num_model_layers = max(c4_layers) + 1 if c4_layers else 1
-        self.req_to_host = torch.arange(request_rows * self.max_entries, dtype=torch.int64).view(
-            request_rows, self.max_entries)
-        self.written = torch.zeros(len(c4_layers), request_rows, dtype=torch.int64)   # entries on host
+        # entry j of request row r: host row req_to_host[r, j] (its C4 location), valid for j < known[r]
+        self.req_to_host = torch.zeros(request_rows, self.max_entries, dtype=torch.int64)
+        self.known = torch.zeros(request_rows, dtype=torch.int64)
+        self.present = torch.zeros(len(c4_layers), self.cfg.host_capacity_tokens, dtype=torch.bool)
         self.opens = 0
         self.warm_rows = 0
+        self.reused_entries = 0                   # prefix entries a request found on host (the radix cache)
 
     # --- request lifetime ------------------------------------------------------------------
+    def c4_locations(self, req: int, first: int, last: int) -> torch.Tensor:
+        """int64 [last - first]: the C4 locations (host rows) of request row `req`'s entries first .. last - 1,
+        SGLang's mapping (mem_cache/deepseek_v4_memory_pool.py, translate_loc_from_full_to_compressed): the
+        block's last token's location // 4, that location being the last of an aligned group of 4."""
+        locs = self.req_to_token[req, C4_RATIO * first + C4_RATIO - 1:C4_RATIO * last:C4_RATIO].to(torch.int64)
+        if locs.numel() and bool(((locs + 1) % C4_RATIO != 0).any()):
+            raise RuntimeError(f"request row {req}: a C4 block's tokens are not an aligned group of 4 locations "
+                               "(SGLang's DeepSeek-V4 pages are 256 tokens; this page layout is not implemented)")
+        c4 = locs // C4_RATIO
+        if c4.numel() and int(c4.max()) >= self.cfg.host_capacity_tokens:
+            raise RuntimeError(f"request row {req}: C4 location {int(c4.max())} beyond the host store's "
+                               f"{self.cfg.host_capacity_tokens} rows (sized from the KV pool)")
+        return c4
+
     def begin_extend(self, req: int, prefix_tokens: int) -> None:
-        """An extend of request row `req` whose first new token sits at `prefix_tokens`: a row that is not
-        open, or one that starts from position 0 (a new request on a row whose close did not run), opens."""
+        """An extend of request row `req` whose first new token sits at `prefix_tokens`. A row that is not
+        open, or one that starts from position 0 (a new request on a row whose close did not run), opens; a
+        request that starts after a cached prefix (SGLang's radix cache) finds that prefix's finished
+        entries on host, written by the request that computed them: its table is filled from their
+        locations (every one must be on host)."""
         if self.store.is_open(req) and prefix_tokens > 0:
             return
         self.close(req)
         self.store.open(req)
         self.opens += 1
+        n = prefix_tokens // C4_RATIO
+        if n:
+            c4 = self.c4_locations(req, 0, n)
+            missing = ~self.present[:, c4]
+            if bool(missing.any()):
+                raise RuntimeError(f"request row {req}: {int(missing.sum())} of its cached prefix's C4 entries are not "
+                                   "on host (a prefix SGLang kept whose entries ESS zeroed)")
+            self.req_to_host[req, :n] = c4
+            self.known[req] = n
+            self.reused_entries += n
 
     def close(self, req: int) -> None:
-        n = int(self.written[:, req].max()) if self.written.numel() else 0
-        if n:
-            self.store.clear_host(self.req_to_host[req, :n])
-            self.store.fence_host()
-        self.written[:, req] = 0
+        """Request row `req` is freed: its hot buffer closes. Its entries' host rows belong to their token
+        locations and are zeroed when SGLang frees those (``clear_locs``; the radix cache may keep them)."""
+        self.known[req] = 0
         self.store.close(req)
 
     def close_rows(self, rows: list[int]) -> None:
@@ -94,31 +129,47 @@ class C4EntryStore:
             if 0 <= r < self.cfg.max_requests:
                 self.close(r)
 
+    def clear_locs(self, locs: torch.Tensor) -> None:
+        """SGLang freed token locations `locs` (int [n]: a request's pages without the radix cache, an
+        evicted prefix with it, every location at a flush): the entries stored at the C4 locations of the
+        blocks those end are zeroed on host."""
+        locs = locs.to(torch.int64)
+        c4 = locs[(locs + 1) % C4_RATIO == 0] // C4_RATIO
+        c4 = c4[c4 < self.cfg.host_capacity_tokens]
+        c4 = c4[self.present[:, c4].any(dim=0)] if c4.numel() else c4
+        if c4.numel():
+            self.store.clear_host(c4)
+            self.store.fence_host()
+            self.present[:, c4] = False
+
     # --- host rows ---------------------------------------------------------------------------
     def write(self, layer_id: int, req: int, first: int, entries: torch.Tensor) -> None:
-        """entries float32 [n, d]: request `req`'s C4 entries first .. first + n - 1, just finished; the host
-        must hold exactly the entries before `first` (each entry is written once, in order)."""
-        li = self.layers[layer_id]
-        have, n = int(self.written[li, req]), int(entries.shape[0])
-        if first != have:
-            raise RuntimeError(f"C4 layer {layer_id}, request row {req}: entries from {first} written, the host "
-                               f"holds {have} (a request must extend from position 0 on an opened row: serve "
-                               "DeepSeek-V4 with ESS on with --disable-radix-cache)")
+        """entries float [n, d]: request `req`'s C4 entries first .. first + n - 1, just finished, to the host
+        rows of their C4 locations; the request's table must know exactly the entries before `first`."""
+        li, n = self.layers[layer_id], int(entries.shape[0])
+        have = int(self.known[req])
+        if first > have or (li == 0 and first != have):
+            raise RuntimeError(f"C4 layer {layer_id}, request row {req}: entries from {first} written, its table "
+                               f"holds {have} (an extend must start at a cached prefix or continue its chunks)")
         if first + n > self.max_entries:
             raise ValueError(f"request row {req}: {first + n} C4 entries, the store holds {self.max_entries} per "
                              "request (--context-length sizes it)")
         if n == 0:
             return
-        self.store.write_host(li, self.req_to_host[req, first:first + n], self._encode(entries))
-        self.written[li, req] = first + n
+        c4 = self.c4_locations(req, first, first + n)
+        self.store.write_host(li, c4, self._encode(entries))
+        self.present[li, c4] = True
+        self.req_to_host[req, first:first + n] = c4
+        self.known[req] = max(have, first + n)
 
     def host_entries(self, layer_id: int, req: int, n: int) -> torch.Tensor:
         """float32 [n, d]: request `req`'s first n entries, read from the host rows (an extend's read)."""
         li = self.layers[layer_id]
-        if n > int(self.written[li, req]):
-            raise RuntimeError(f"C4 layer {layer_id}, request row {req}: {n} entries read, "
-                               f"{int(self.written[li, req])} on host")
-        return self._decode(self.store.host.rows[li][self.req_to_host[req, :n]])
+        rows = self.req_to_host[req, :n]
+        if n > int(self.known[req]) or not bool(self.present[li, rows].all()):
+            raise RuntimeError(f"C4 layer {layer_id}, request row {req}: {n} entries read, {int(self.known[req])} "
+                               "known, not all on host")
+        return self._decode(self.store.host.rows[li][rows])
 
     # --- the hot buffer ------------------------------------------------------------------------
     def warm(self, layer_id: int, req: int, n: int, topk_last: torch.Tensor) -> None:
@@ -173,17 +224,22 @@ class C4EntryStore:
 
     # --- observability -------------------------------------------------------------------------
     def usage(self) -> dict:
-        live = int(self.written.max(dim=0).values.sum())
-        u = dict(self.store.usage(host_tokens_used=live))
+        """The store's counters; host rows in C4 entries: used (on host), live (in the table of a request
+        holding a row), cached (used, not live: a prefix SGLang's radix cache keeps)."""
+        used = int(self.present.any(dim=0).sum())
+        held = [self.req_to_host[r, :k] for r, k in enumerate(self.known.tolist()) if k]
+        live = int(torch.unique(torch.cat(held)).numel()) if held else 0
+        u = dict(self.store.usage(host_tokens_used=used))
         snap = self.store.counters.snapshot()
-        u.update(host_tokens_live=live, host_row_unit="C4 entry", c4_layers=sorted(self.layers),
+        u.update(host_tokens_live=live, host_tokens_cached=used - live, host_row_unit="C4 entry", c4_layers=sorted(self.layers),
                  hit_rate=snap["hit_rate"], rows_h2d=sum(snap["rows_h2d"]), rows_d2h=sum(snap["rows_d2h"]),
                  warmup_rows=sum(snap["warmup_rows"]), refetch_rows=sum(snap["refetch_rows"]),
                  misses_per_layer=snap["layer_misses"], hits_per_layer=snap["layer_hits"],
                  hot_slots_per_request=self.cfg.hot_slots_per_request, request_rows=self.cfg.max_requests,
                  hot_buffers=self.cfg.groups, opens=self.opens, bytes_h2d=snap["bytes_h2d"],
                  bytes_d2h=snap["bytes_d2h"], engine=self.store.engine.name, overlap_level=self.overlap,
-                 single_steps=self.steps["single"], dual_steps=self.steps["dual"])
+                 single_steps=self.steps["single"], dual_steps=self.steps["dual"],
+                 reused_entries=self.reused_entries)
         return u
 
     def shutdown(self) -> None:

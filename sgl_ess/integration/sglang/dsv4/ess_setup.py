@@ -1,10 +1,13 @@
 """ESS on for DeepSeek-V4 on the CPU dsv4 arm: builds the runner's C4EntryStore (c4_store.py) from the
 launcher's ESS config and hooks it into sgl-ess's request lifecycle (pools/lifecycle.py: SGLang freeing a
-request row closes its hot buffer and zeroes its host rows; ``/ess/status`` reports its usage).
+request row closes its hot buffer, SGLang freeing pages zeroes the C4 entries stored at their locations;
+``/ess/status`` reports its usage).
 
 What this slice implements, and what it refuses with ESS on (never a silent fallback): the CPU, one
 scheduler (no TP / DP / PP ranks), no speculative decoding (MTP), no PD disaggregation, no CUDA / CPU
-graphs, no radix cache (a request's C4 entries are its own host rows); the inline or the worker fetch engine
+graphs; the radix cache works (host rows are keyed by C4 location, as SGLang's V4 pool keys its entries, so
+a cached prefix's entries are found where the request that computed them wrote them); the inline or the
+worker fetch engine
 (``--ess-prefetch-engine``; auto: latent_store.auto_cpu_engine's rule, the worker with >= 4 cores per rank),
 the worker with DA / DBA (``--ess-prefetch-overlap-level``; 'full' per layer from ``--ess-overlap-profile``).
 One store per model runner (SGLang may build its backend more than once).
@@ -14,19 +17,39 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from sgl_ess.config import EssConfig, config_from_env
 
 logger = logging.getLogger(__name__)
 _stores: dict[int, "V4EssAdapter"] = {}
 
 
-class V4EssAdapter:
-    """What pools/lifecycle.py's hooks and /ess/status call on an ESS store, for the V4 C4 store."""
+def pool_tokens_of(store) -> int:
+    return store.cfg.host_capacity_tokens * 4
 
-    allocator = None                 # host rows are the store's own (per request row), not SGLang's pages
+
+def full_allocator(runner):
+    """SGLang's allocator of the full KV pool's pages (V4: SWATokenToKVPoolAllocator's full_attn_allocator, a
+    PagedTokenToKVPoolAllocator): the locations req_to_token holds, whose pages the lifecycle hooks see freed."""
+    alloc = runner.token_to_kv_pool_allocator
+    return getattr(alloc, "full_attn_allocator", alloc)
+
+
+def pool_tokens(runner) -> int:
+    """The full KV pool's locations, page 0 (SGLang's padding page) included."""
+    alloc = full_allocator(runner)
+    return int(alloc.size) + int(alloc.page_size)
+
+
+class V4EssAdapter:
+    """What pools/lifecycle.py's hooks and /ess/status call on an ESS store, for the V4 C4 store. Host rows
+    are keyed by C4 location (a block's last token location // 4), so SGLang freeing pages (a request without
+    the radix cache, an evicted prefix, a flush) zeroes the entries stored there."""
 
     def __init__(self, runner, store):
         self.runner_id = id(runner)
+        self.allocator = full_allocator(runner)
         self.req_pool = runner.req_to_token_pool
         self.c4 = store
         self.store_cfg = store.cfg
@@ -37,7 +60,11 @@ class V4EssAdapter:
         self.c4.close_rows(rows)
 
     def clear_locs(self, locs) -> None:
-        return None                  # SGLang's token pages hold no ESS row (window / C128 stay device side)
+        self.c4.clear_locs(locs)
+
+    def clear_all(self) -> None:
+        """SGLang cleared its allocator (a flush): every C4 location's host row."""
+        self.c4.clear_locs(torch.arange(pool_tokens_of(self.c4)))
 
     def is_open(self, req: int) -> bool:
         return self.c4.store.is_open(req)
@@ -61,9 +88,6 @@ def refusals(runner, cfg: EssConfig) -> list[str]:
             out.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
     if getattr(args, "enable_torch_compile", False):
         out.append("--enable-torch-compile (graphs; the arm's init_cuda_graph_state refuses CUDA graphs)")
-    if not getattr(args, "disable_radix_cache", False):
-        out.append("the radix cache (serve with --disable-radix-cache: a request's C4 entries are its own host "
-                   "rows, written from position 0)")
     if cfg.prefetch_engine not in ("auto", "inline", "worker"):
         out.append(f"--ess-prefetch-engine {cfg.prefetch_engine} (inline or worker on the CPU arm)")
     if cfg.speculative_prefetch != "off":
@@ -91,7 +115,7 @@ def c4_store_for(runner, hf, req_to_token):
 
     c4_layers = [i for i, r in enumerate(hf.compress_ratios) if int(r) == 4]
     head_dim = int(hf.head_dim)
-    rows, max_context = int(req_to_token.shape[0]), int(req_to_token.shape[1])
+    rows = int(req_to_token.shape[0])
     topk = int(hf.index_topk)
     hot, source = hot_slots_rule(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb, max(1, len(c4_layers)),
                                  4 * head_dim, topk, rows)
@@ -106,13 +130,14 @@ def c4_store_for(runner, hf, req_to_token):
                                       "profile of this model (--ess-overlap-profile FILE); the packaged profile is "
                                       "DeepSeek-V3.2's. Use da or dba")
         profile = OverlapProfile.load(cfg.overlap_profile)
-    store = C4EntryStore(c4_layers, head_dim, topk, rows, max_context, hot, warmup_queries=cfg.warmup_queries,
-                         engine=engine, overlap=cfg.prefetch_overlap_level, profile=profile)
+    store = C4EntryStore(c4_layers, head_dim, topk, req_to_token, pool_tokens(runner), hot,
+                         warmup_queries=cfg.warmup_queries, engine=engine, overlap=cfg.prefetch_overlap_level,
+                         profile=profile)
     adapter = V4EssAdapter(runner, store)
     _stores[id(runner)] = adapter
     lifecycle.register_adapter(adapter)
-    logger.info("DeepSeek-V4 ESS: C4 layers %s in the host store (%d request rows x %d entries, %d B rows), "
-                "%d hot entries per request and layer (%s), top-k %d, %s engine, overlap %s", c4_layers, rows,
-                store.max_entries, store.cfg.row_bytes, hot, source, topk, engine,
+    logger.info("DeepSeek-V4 ESS: C4 layers %s in the host store (%d C4 locations, %d B rows), %d hot entries "
+                "per request and layer (%s, %d request rows), top-k %d, %s engine, overlap %s", c4_layers,
+                store.cfg.host_capacity_tokens, store.cfg.row_bytes, hot, source, rows, topk, engine,
                 store.mode(c4_layers[0]) if c4_layers else "none")
     return store

@@ -115,10 +115,10 @@ def v4_lines(v: dict, sizing: dict) -> list[str]:
         f"    entry: SGLang's V4 FP8 row, {e4} B (FP8 NoPE, a scale byte per 64 values + 1 pad, BF16 RoPE; the "
         f"layout of a GPU node's V4 pool): host bytes per token {v['host_bytes_per_token']:g} = {c4} C4 layers x "
         f"{e4} B / 4",
-        f"    host store: {_gb(v['host_store_bytes'])} = {v['request_rows']} request rows (--max-running-requests + "
-        f"SGLang's padding row) x {v['entries_per_request']} entries per request (({v['context_tokens']} context "
-        f"tokens, {v['context_tokens_source']}, + 4) // 4) x {c4} C4 layers x {v['entry_bytes']} B; "
-        "--max-total-tokens does not size it",
+        f"    host store: {_gb(v['host_store_bytes'])} = {v['c4_locations']} C4 locations (the {v['pool_tokens']}-"
+        f"location KV pool // 4: whole 256-token pages of --max-total-tokens {sizing['tokens']} + SGLang's padding "
+        f"page) x {c4} C4 layers x {v['entry_bytes']} B; an entry lives at its block's last token location // 4, "
+        "as in SGLang's pool, so the radix cache shares it",
         f"  on the device, per request (SGLang's V4 layout, at {v['context_tokens']} context tokens): "
         f"{_gb(v['device_bytes_per_request_total'])} = window {_gb(dev['window'])} (fixed per request: "
         f"{v['layers']} layers x {window_rows} rows, the {v['window_tokens']}-token window in "

@@ -143,7 +143,7 @@ def plan(out: list[str], cfg: EssConfig, devices: NodeDevices, geometry: Geometr
               "devices": dataclasses.asdict(devices)}
     if v4 is not None:
         sizing["dsv4"] = v4_plan.plan(model, v4, cfg, int_flag(out, "--max-running-requests"),
-                                      int_flag(out, "--context-length"), usable)
+                                      int_flag(out, "--context-length"), tokens, usable)
     if cfg.enabled and geo is not None:
         sizing["model"] = {"path": model, "layers": geo.layers, "latent_row_bytes": geo.latent_row_bytes,
                            "index_topk": geo.index_topk, "kv_cache_dtype": kv_dtype,

@@ -92,7 +92,10 @@ def _before_release_pages(allocator, *page_ids, **kwargs):
 def _before_allocator_clear(allocator, *args, **kwargs):
     for a in _adapters:
         if a.allocator is allocator:
-            a.clear_locs(torch.arange(a.store_cfg.host_capacity_tokens))
+            if hasattr(a, "clear_all"):          # host rows not keyed by token location (V4: C4 locations)
+                a.clear_all()
+            else:
+                a.clear_locs(torch.arange(a.store_cfg.host_capacity_tokens))
     return None
 
 

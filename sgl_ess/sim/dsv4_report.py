@@ -55,6 +55,7 @@ def cmd_v4(args: argparse.Namespace) -> int:
         gain = f"{c.gain:.2f}x" if c.gain is not None else "n/a"
         print(f"{'':>8} ESS batch / resident batch = {gain}; host {c.host_bytes_per_request / 1e9:.3f} GB per "
               f"request, {c.host_bytes_per_request * c.batch_ess * args.gpus_per_node / 1e9:.0f} GB per node{host}")
-    print("ESS for V4 on a GPU node is planned, not served (served on CPU only, float32 entries: docs/dsv4.md); the ESS store's rings and LRU tables are not counted; "
+    print("ESS for V4 is served on CPU (C4 entries as SGLang's 584-byte rows, keyed by C4 location: docs/dsv4.md); "
+          "on a GPU node it is planned, not served; the ESS store's rings and LRU tables are not counted; "
           "window: two 256-token SWA pages per layer (worst case)")
     return 0

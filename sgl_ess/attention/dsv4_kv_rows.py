@@ -41,7 +41,8 @@ def _check_width(x: torch.Tensor, width: int, what: str) -> None:
 
 
 def quantize_rows(x: torch.Tensor) -> torch.Tensor:
-    """x float [n, 512] (rounded to BF16 first, as SGLang quantizes its BF16 rows) -> uint8 [n, 584]."""
+    """x float [n, 512] (rounded to BF16 first, as SGLang quantizes its BF16 rows) -> uint8 [n, 584]. The pad
+    byte is 0 here; SGLang's store leaves a pool's pad byte as it was (zero-initialized), and nothing reads it."""
     _check_width(x, HEAD_DIM, "the rows to quantize")
     xb = x.to(torch.bfloat16)
     tiles = xb[:, :NOPE].float().view(-1, TILES, TILE)

@@ -108,9 +108,9 @@ def make_backend(req_to_token, ess=None, fp8_rows=False):
     return backend
 
 
-def run_steps(layers, backends, steps, reqs, seq, on_outputs, d=D):
+def run_steps(layers, backends, steps, reqs, seq, on_outputs, d=D, inputs=None):
     """Feed the same random inputs to every backend (rows of d channels); on_outputs(got per backend, new,
-    positions, x, swa, qs)."""
+    positions, x, swa, qs). `inputs(t)`: the step's (x, swa, qs) for t tokens instead of fresh random ones."""
     for new, decode in steps:
         positions = torch.cat([torch.arange(seq[r], seq[r] + new[r]) for r in reqs])
         out_loc = torch.cat([backends[0].req_to_token[r, seq[r]:seq[r] + new[r]] for r in reqs])
@@ -120,9 +120,12 @@ def run_steps(layers, backends, steps, reqs, seq, on_outputs, d=D):
         fb = types.SimpleNamespace(forward_mode=mode(decode), seq_lens=torch.tensor([seq[r] for r in reqs]),
                                    extend_seq_lens=torch.tensor([new[r] for r in reqs]),
                                    req_pool_indices=torch.tensor(reqs), positions=positions, out_cache_loc=out_loc)
-        x = rnd(t, HIDDEN)
-        swa = {lid: rnd(t, d) for lid in layers}
-        qs = {lid: rnd(t, HEADS, d) for lid in layers}
+        if inputs is not None:
+            x, swa, qs = inputs(t)
+        else:
+            x = rnd(t, HIDDEN)
+            swa = {lid: rnd(t, d) for lid in layers}
+            qs = {lid: rnd(t, HEADS, d) for lid in layers}
         gots = []
         for backend in backends:
             backend.init_forward_metadata(fb)

@@ -144,6 +144,40 @@ def test_a_cached_prefix_reads_the_entries_its_first_request_wrote():
     store.shutdown()
 
 
+def test_tokens_moved_by_the_radix_cache_are_followed():
+    """SGLang's radix cache deduplicates a running request's prefix: after row 1 prefilled the same 96 tokens as
+    row 0, its checkpoint re-points req_to_token[1, :96] at row 0's pages and frees its own (radix_cache.py,
+    _insert_cache), whose entries the page hook zeroes; row 2 then gets those pages and writes its own entries
+    there. Decoding rows 0, 1, 2 afterwards equals ESS off, which reads by location: row 1's table follows
+    req_to_token (refresh) instead of reading zeroed rows or row 2's entries."""
+    layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None),
+              4: (4, compressor(4, D), indexer(4))}
+    req_to_token, pool = paged_req_to_token(3, 300)
+    store = c4_store(req_to_token, pool)
+    on, off = make_backend(req_to_token, store), make_backend(req_to_token)
+    seen = []
+
+    def record(t):                                   # row 0's prompt, kept to give row 1 the same one
+        x, swa, qs = torch.randn(t, 12, generator=G), {lid: torch.randn(t, D, generator=G) for lid in layers}, \
+            {lid: torch.randn(t, 2, D, generator=G) for lid in layers}
+        seen.append((x, swa, qs))
+        return x, swa, qs
+
+    run_steps(layers, [on, off], [({0: 96}, False)], [0], {0: 0}, _equal, inputs=record)
+    run_steps(layers, [on, off], [({1: 96}, False)], [1], {1: 0}, _equal, inputs=lambda t: seen[0])
+    old = req_to_token[1, :96].clone()
+    store.clear_locs(old)                            # the duplicate pages freed ...
+    req_to_token[1, :96] = req_to_token[0, :96]      # ... and the row re-pointed at the cached ones
+    req_to_token[2, :96] = old                       # row 2 gets the freed pages
+    run_steps(layers, [on, off], [({2: 96}, False)], [2], {2: 0}, _equal)
+    run_steps(layers, [on, off], [({0: 1, 1: 1, 2: 1}, True)] * 6, [0, 1, 2], {0: 96, 1: 96, 2: 96}, _equal)
+    assert torch.equal(store.req_to_host[1, :24], store.req_to_host[0, :24])
+    u = store.usage()
+    # 102 tokens each: 25 entries; row 1 shares row 0's first 24 and has one of its own
+    assert u["host_tokens_live"] == u["host_tokens_used"] == 25 + 1 + 25, u
+    store.shutdown()
+
+
 def test_hot_buffer_smaller_than_topk_is_refused():
     with pytest.raises(ValueError, match="needs >= 4"):
         C4EntryStore([2], D, TOPK, torch.zeros(2, 64, dtype=torch.int64), 128, TOPK, fp8_rows=False)

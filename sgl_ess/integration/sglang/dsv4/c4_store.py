@@ -10,7 +10,9 @@ Memory ownership (one object per model runner, ESS on):
   slots  LatentStore.slots                          per request row a hot buffer of N entries per C4 layer,
                                                     with ESS's exact LRU (store/hot_buffer.py)
   table  req_to_host int64 [R, E]                   entry j of request row r: its C4 location (valid for
-                                                    j < known[r]); present bool [C, P / 4]: rows written
+                                                    j < known[r]; re-read from req_to_token before each
+                                                    forward, ``refresh``); present bool [C, P / 4]: rows
+                                                    written
 R = SGLang's request rows, E = max context tokens // 4 (a request's entries). The store is ESS's
 LatentStore itself, keyed by C4 entry index where the DSA path keys by token position: its "tokens" are
 a request's C4 entries, its sequence length the number of finished entries. Keying host rows by location
@@ -117,6 +119,17 @@ class C4EntryStore:
             self.req_to_host[req, :n] = c4
             self.known[req] = n
             self.reused_entries += n
+
+    def refresh(self, reqs: list[int]) -> None:
+        """Before a forward: re-read each request's table from SGLang's req_to_token. SGLang's radix cache
+        may have re-pointed a running request's tokens at another request's identical cached pages and freed
+        its own (RadixCache's checkpoint after a prefill chunk or a finished prefill, _insert_cache dedup:
+        radix_cache.py), whose host rows the page hook then zeroed; the entries to read are the ones at the
+        new locations."""
+        for r in reqs:
+            k = int(self.known[r])
+            if k:
+                self.req_to_host[r, :k] = self.c4_locations(r, 0, k)
 
     def close(self, req: int) -> None:
         """Request row `req` is freed: its hot buffer closes. Its entries' host rows belong to their token
@@ -228,7 +241,8 @@ class C4EntryStore:
         holding a row), cached (used, not live: a prefix SGLang's radix cache keeps)."""
         used = int(self.present.any(dim=0).sum())
         held = [self.req_to_host[r, :k] for r, k in enumerate(self.known.tolist()) if k]
-        live = int(torch.unique(torch.cat(held)).numel()) if held else 0
+        held = torch.unique(torch.cat(held)) if held else torch.zeros(0, dtype=torch.int64)
+        live = int(self.present[:, held].any(dim=0).sum()) if held.numel() else 0
         u = dict(self.store.usage(host_tokens_used=used))
         snap = self.store.counters.snapshot()
         u.update(host_tokens_live=live, host_tokens_cached=used - live, host_row_unit="C4 entry", c4_layers=sorted(self.layers),

@@ -90,9 +90,11 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch):
         self.forward_metadata = b = batch_of(forward_batch)
         self.chosen = {}
-        if self.ess is not None and not b.decode:
-            for req, n, new in zip(b.req_pool_indices, b.seq_lens, b.new_tokens):
-                self.ess.begin_extend(req, n - new)
+        if self.ess is not None:
+            if not b.decode:
+                for req, n, new in zip(b.req_pool_indices, b.seq_lens, b.new_tokens):
+                    self.ess.begin_extend(req, n - new)
+            self.ess.refresh(b.req_pool_indices)     # SGLang may have moved a request's tokens (radix dedup)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
         raise NotImplementedError("DeepSeek-V4 on CPU: no CUDA graphs (run with --disable-cuda-graph)")

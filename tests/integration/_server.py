@@ -62,9 +62,14 @@ def _bindable(port: int) -> bool:
 # engine's data listener, a client's connection) can take one in the minute before its server binds
 # it - a PD prefill server once failed with "address already in use" that way in a full run - and
 # above SGLang's own below-ephemeral picks (its NCCL port: 22000-29999). Within this process a port
-# and its neighbours are handed out once.
+# and its neighbours are handed out to one holder at a time: a Server gives its block back when it has
+# stopped, a test's own free_port() block is free again after DIRECT_HOLD_S. (The band holds about 60
+# blocks and a full run takes more: handing each out once used it up, and the fallback to an ephemeral
+# port then lost a race with another socket: "address already in use", seen in a full run.)
 PORT_BAND = (30000, 32768)
-_given: set[int] = set()
+_given: set[int] = set()                       # ports of the blocks servers hold (given back by Server.stop)
+_direct: dict[frozenset, float] = {}           # blocks free_port() handed to a test itself -> when
+DIRECT_HOLD_S = 900.0                          # such a block is free again after this (no test holds one longer)
 
 
 def _ephemeral_low() -> int:
@@ -75,24 +80,45 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port() -> int:
-    """A free 127.0.0.1 port whose SGLang-derived neighbours (see _DERIVED) are free as well."""
+def _take_port(direct: bool = False) -> tuple[int, set[int]]:
+    """(port, the block it and its SGLang-derived neighbours form), the block now handed out: to a Server
+    (held until it stops) or, `direct`, to a test (held for DIRECT_HOLD_S)."""
     import random
 
+    now = time.time()
+    for block in [b for b, t in _direct.items() if now - t > DIRECT_HOLD_S]:
+        del _direct[block]
+    taken = _given.union(*_direct) if _direct else _given
     hi = min(PORT_BAND[1], _ephemeral_low()) - max(_DERIVED)
-    candidates = range(PORT_BAND[0], hi) if hi > PORT_BAND[0] else range(0)
-    for port in random.sample(candidates, min(400, len(candidates))):
+    candidates = list(range(PORT_BAND[0], hi)) if hi > PORT_BAND[0] else []
+    random.shuffle(candidates)
+    for port in candidates:
         block = {port, *(port + d for d in _DERIVED)}
-        if not block & _given and all(_bindable(p) for p in block):
-            _given.update(block)
-            return port
+        if not block & taken and all(_bindable(p) for p in block):
+            if direct:
+                _direct[frozenset(block)] = now
+            else:
+                _given.update(block)
+            return port, block
+    if candidates:
+        # the band is used up by blocks handed out and not given back: an ephemeral port could be taken by
+        # any socket before its server binds it (a full run once failed "address already in use" so)
+        raise RuntimeError(f"no free port block left in {PORT_BAND[0]}..{hi} ({len(_given)} ports held by servers, "
+                           f"{len(_direct)} blocks by tests): stop servers (Server.stop gives their block back) "
+                           "before starting more")
     for _ in range(200):                     # no room below the ephemeral range here: any free port
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         if port + max(_DERIVED) <= 65535 and all(_bindable(port + d) for d in _DERIVED):
-            return port
+            return port, set()
     raise RuntimeError("no free port with free SGLang-derived neighbours in 200 tries")
+
+
+def free_port() -> int:
+    """A free 127.0.0.1 port whose SGLang-derived neighbours (see _DERIVED) are free as well, kept out of
+    later picks for DIRECT_HOLD_S (a Server's own block is held until it stops)."""
+    return _take_port(direct=True)[0]
 
 
 class Server:
@@ -101,23 +127,47 @@ class Server:
 
     def __init__(self, name: str, args: list[str], env: dict | None = None, admin_key: str | None = TEST_ADMIN_KEY):
         self.name = name
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix=f"sgl_ess_{name}_", suffix=".log", delete=False)
         self.admin_key = admin_key if "--admin-api-key" not in args else args[args.index("--admin-api-key") + 1]
         extra = ["--admin-api-key", admin_key] if admin_key and "--admin-api-key" not in args else []
-        cmd = [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(self.port), *args, *extra]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, RUN_MARK: "1", **(env or {})})
+        self._argv, self._env = [*args, *extra], {**os.environ, RUN_MARK: "1", **(env or {})}
+        self._launch()
+
+    def _launch(self) -> None:
+        self.port, self._ports = _take_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix=f"sgl_ess_{self.name}_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(self._command(), cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=self._env)
         self.pgid = self.proc.pid
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "sgl_ess.launch_server", "--port", str(self.port), *self._argv]
 
     def log_tail(self, n: int = 60) -> str:
         with open(self.log.name, errors="replace") as fh:
             return "".join(fh.readlines()[-n:])
 
-    def wait_healthy(self) -> None:
-        deadline = time.time() + STARTUP_TIMEOUT_S
+    def _lost_its_port(self) -> bool:
+        """Another socket took the port after free_port checked it: the launcher's preflight exits saying so,
+        or (taken later) SGLang's HTTP server cannot bind it, and then it does not exit but hangs in shutdown
+        (its warmup thread holds the lifespan)."""
+        with open(self.log.name, errors="replace") as fh:
+            log = fh.read()
+        return "error while attempting to bind on address" in log or f":{self.port} is already in use" in log
+
+    def wait_healthy(self, retries: int = 1) -> None:
+        """Wait for /health; a server that lost its port to another socket is restarted on a new one
+        (`retries` times), anything else that keeps it from starting raises."""
+        deadline, polls = time.time() + STARTUP_TIMEOUT_S, 0
         while time.time() < deadline:
+            polls += 1
+            if (polls % 8 == 0 or self.proc.poll() is not None) and self._lost_its_port():
+                lost = self.port
+                self.stop()
+                if retries <= 0:
+                    raise RuntimeError(f"server {self.name}: port {lost} taken by another socket:\n{self.log_tail()}")
+                self._launch()
+                return self.wait_healthy(retries - 1)
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server {self.name} exited rc={self.proc.returncode}:\n{self.log_tail()}")
             try:
@@ -160,6 +210,9 @@ class Server:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        if not group_alive(self.pgid):        # its ports are free again: later servers may take them
+            _given.difference_update(self._ports)
+            self._ports = set()
 
     # --- HTTP helpers -----------------------------------------------------------------
     @property

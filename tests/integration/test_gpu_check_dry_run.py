@@ -32,9 +32,9 @@ def _env(out) -> dict:
     return {**os.environ, "OUT": str(out), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
 
 
-def _run(out, *args, script=SCRIPT):
-    return subprocess.run(["bash", str(script), *args], cwd=REPO, env=_env(out), capture_output=True, text=True,
-                          timeout=600)
+def _run(out, *args, script=SCRIPT, env=None):
+    return subprocess.run(["bash", str(script), *args], cwd=REPO, env={**_env(out), **(env or {})},
+                          capture_output=True, text=True, timeout=600)
 
 
 def _results_digest() -> dict:
@@ -125,8 +125,11 @@ def test_a_step_table_over_the_budget_is_refused_before_anything_runs(tmp_path):
 
 
 def test_steps_cut_by_their_timeouts_are_recorded_and_the_next_ones_still_run(tmp_path):
-    """Every limit set to 1 s (a Python step cannot even import torch in that): each step is cut,
-    recorded as a timeout with its log, and the script goes on to the next and to the summary."""
+    """Every limit set to 1 s and every step's command made to outlast it (the script's $PYTHON is a wrapper
+    that sleeps 30 s for a step, `-m bench.gpu_absent ...`, and runs Python for the recorder): each step is
+    cut, recorded as a timeout with its log, and the script goes on to the next and to the summary. (A step
+    left to run Python itself may beat 1 s: a CUDA-less bench imports torch and records a skip in about that,
+    which once made this test fail in a full run.)"""
     tree = tmp_path / "tree"                                  # the repo, with a copy of the script
     (tree / "bench").mkdir(parents=True)
     for p in (REPO / "bench").iterdir():
@@ -140,8 +143,12 @@ def test_steps_cut_by_their_timeouts_are_recorded_and_the_next_ones_still_run(tm
         text, n = re.subn(rf"^{name}\s+{limit}$", f"{name}  1", text, flags=re.M)
         assert n == 1, name
     (tree / "bench" / "gpu_check.sh").write_text(text)
+    slow = tmp_path / "python_slow_steps"
+    slow.write_text(f'#!/bin/bash\nif [ "$1 $2" = "-m bench.gpu_absent" ]; then exec sleep 30; fi\n'
+                    f'exec {sys.executable} "$@"\n')
+    slow.chmod(0o755)
     out = tmp_path / "out"
-    r = _run(out, "--dry-run", script=tree / "bench" / "gpu_check.sh")
+    r = _run(out, "--dry-run", script=tree / "bench" / "gpu_check.sh", env={"PYTHON": str(slow)})
     assert r.returncode == 1, r.stdout + r.stderr
     lines = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [(d["name"], d["status"], d["timeout_s"]) for d in lines] == [(n, "timeout", 1) for n in STEPS]

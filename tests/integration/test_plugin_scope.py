@@ -19,14 +19,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from sgl_ess.config import ENV_CONFIG_JSON
 from sgl_ess.models import TINY_DSV32_DIR
 
-from ._server import REPO, Server, free_port, group_alive
+from ._server import REPO, Server, group_alive
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +58,11 @@ class PlainSGLang(Server):
     HTTP helpers and process-group stop."""
 
     def __init__(self, name: str, args: list[str], env: dict):
-        self.name, self.port, self.admin_key = name, free_port(), None
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix=f"sgl_ess_{name}_", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=env)
-        self.pgid = self.proc.pid
+        self.name, self.admin_key, self._argv, self._env = name, None, list(args), env
+        self._launch()
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), *self._argv]
 
 
 def plain_env() -> dict:

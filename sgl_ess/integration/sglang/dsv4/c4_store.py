@@ -148,7 +148,14 @@ class C4EntryStore:
         blocks those end are zeroed on host."""
         locs = locs.to(torch.int64)
         c4 = locs[(locs + 1) % C4_RATIO == 0] // C4_RATIO
-        c4 = c4[c4 < self.cfg.host_capacity_tokens]
+        self._clear(c4[c4 < self.cfg.host_capacity_tokens])
+
+    def clear_all(self) -> None:
+        """SGLang cleared its allocator (a flush): every entry on host is zeroed."""
+        self._clear(torch.arange(self.cfg.host_capacity_tokens))
+
+    def _clear(self, c4: torch.Tensor) -> None:
+        """Zero the host rows of C4 locations `c4` that hold an entry."""
         c4 = c4[self.present[:, c4].any(dim=0)] if c4.numel() else c4
         if c4.numel():
             self.store.clear_host(c4)

@@ -17,16 +17,10 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from sgl_ess.config import EssConfig, config_from_env
 
 logger = logging.getLogger(__name__)
 _stores: dict[int, "V4EssAdapter"] = {}
-
-
-def pool_tokens_of(store) -> int:
-    return store.cfg.host_capacity_tokens * 4
 
 
 def full_allocator(runner):
@@ -64,7 +58,7 @@ class V4EssAdapter:
 
     def clear_all(self) -> None:
         """SGLang cleared its allocator (a flush): every C4 location's host row."""
-        self.c4.clear_locs(torch.arange(pool_tokens_of(self.c4)))
+        self.c4.clear_all()
 
     def is_open(self, req: int) -> bool:
         return self.c4.store.is_open(req)

@@ -20,6 +20,8 @@ Per decode step and layer (see step_plan.py):
   land(plan)                                                   wait for it, verify ring tags
   commit(plan)                                                 ring rows -> LRU slots (background)
 `resolve` does all three and returns the hot-slot rows (the synchronous form).
+Prefill warm-up (`warmup`, `lru_tokens`, `warm_from_lru_tokens`) comes from the WarmStart mixin
+(warm_start.py); which fetch engine `engine="auto"` picks, from engine_choice.py.
 
 Shared-index layers (StoreConfig.layer_anchors: GLM-5.2's indexer_types "shared"): the layers of a
 group see their anchor's top-k, so their LRU states would evolve identically. The group keeps ONE
@@ -44,6 +46,7 @@ from sgl_ess.prefetch.engine import FetchEngine, InlineEngine, Ticket
 from sgl_ess.prefetch.memory import StoreMemory
 from sgl_ess.prefetch.plan import CopyPlan
 from sgl_ess.store.config import StoreConfig
+from sgl_ess.store.engine_choice import WORKER_MIN_CPUS, auto_cpu_engine, index_to_device, rank_cpu_cores
 from sgl_ess.store.host_pool import HostLatentPool
 from sgl_ess.store.hot_buffer import DeviceHotBuffer
 from sgl_ess.store.resolver import assign
@@ -51,47 +54,13 @@ from sgl_ess.store.slot_space import SlotSpace
 from sgl_ess.prefetch.predictors import PredictorContext, make_predictor
 from sgl_ess.store.speculative import SpeculativeOptions, SpeculativeStager
 from sgl_ess.store.step_plan import StepPlan, miss_destinations, plan_epilogue_torch, read_locations
-from sgl_ess.store.validate import check_rows, check_topk, check_topk_shape, topk_invalid
-from sgl_ess.store.warm_state import lru_tokens, set_warm_state, state_from_lru_tokens
+from sgl_ess.store.validate import check_rows, check_topk
+from sgl_ess.store.warm_start import WarmStart
 
 logger = logging.getLogger(__name__)
 
 
-WORKER_MIN_CPUS = 4
-
-
-def index_to_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """idx (int, any device) as int64 on `device`, without making the host wait: already there, a
-    conversion on the device; a host tensor bound for an accelerator is copied into pinned memory first
-    (torch's caching host allocator keeps the block until the copy ran), then copied without blocking -
-    a pageable host -> device copy would wait for the device."""
-    if idx.device == device:
-        return idx.to(torch.int64)
-    if idx.device.type == "cpu" and device.type != "cpu":
-        return idx.to(torch.int64).pin_memory().to(device, non_blocking=True)
-    return idx.to(device, torch.int64)
-
-
-def rank_cpu_cores() -> int:
-    """Cores this scheduler rank computes on: its torch intra-op threads (SGLang binds them to the rank's
-    SGLANG_CPU_OMP_THREADS_BIND group with several ranks on a node), never more than the machine has."""
-    import os
-
-    import torch
-
-    return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
-
-
-def auto_cpu_engine(cores: int | None = None) -> str:
-    """The prefetch worker pays off when it has a core of its own: the scheduler's torch already
-    uses two threads, and a worker sharing those cores only adds a round trip per plan (on 2 cores,
-    bench/results/serving_20261129T180418Z.json: pooled over 10 interleaved runs each, the worker
-    served 0.95x the tokens/s of inline). `cores`: this rank's cores (rank_cpu_cores()), not the
-    machine's: TP 4 on 8 cores leaves each rank 2."""
-    return "worker" if (rank_cpu_cores() if cores is None else cores) >= WORKER_MIN_CPUS else "inline"
-
-
-class LatentStore:
+class LatentStore(WarmStart):
     def __init__(self, cfg: StoreConfig, transfer_backend: str = "auto", engine: str = "inline",
                  speculative: str = "off", host_pool: HostLatentPool | None = None,
                  spec_options: SpeculativeOptions | None = None, trace_file: str = "", trace_meta: dict | None = None):
@@ -386,115 +355,6 @@ class LatentStore:
         self._host_fence.clear()
 
     # --- decode path -------------------------------------------------------------------
-    def warmup(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk_ids: torch.Tensor,
-               req_to_host: torch.Tensor, validate: bool = True) -> torch.Tensor:
-        """LRU warmup before the first decode step (ESS.md §3): the state an exact LRU ends in after
-        the top-k sets of the prefill's last W query positions, oldest first (set in closed form,
-        warm_state.py), then the resident rows fetched in one background move (the layer's first
-        plan waits for it). A request whose context fits in N loads its whole context (fast path).
-        Replaces the requests' LRU state (call it after `open`).
-
-        reqs int64 [b], seq_lens int64 [b], topk_ids int [b, W, k] (-1 padded).
-        Returns the number of rows fetched, int64 0-d on the store's device (read it back only if needed:
-        a prefill layer calls this). `validate`: check that the rows are open, in range and unique and the
-        top-k inside each context (`_check_warmup`: one host read on the CPU, a device-side assert on CUDA);
-        False skips it on a trusted path. With a device-stream engine nothing else reads the device here."""
-        self._check_layer(layer)
-        reqs = reqs.to(self.device, torch.int64)
-        seq_lens = seq_lens.to(self.device, torch.int64)
-        if topk_ids.dim() != 3 or topk_ids.shape[0] != reqs.numel():
-            raise ValueError(f"warmup topk_ids: expected [batch={reqs.numel()}, W, k], got "
-                             f"{list(topk_ids.shape)}")
-        ids = topk_ids.to(self.device, torch.int64)
-        if reqs.numel() == 0:
-            return torch.zeros((), dtype=torch.int64, device=self.device)
-        if validate:
-            self._check_warmup(reqs, seq_lens, ids.reshape(ids.shape[0], -1))
-        if self.trace is not None:
-            self.trace.warmup(layer, reqs, seq_lens, ids)
-        if self.cfg.anchors[layer] != layer:
-            # a shared-index layer: its anchor (warmed first, from the same top-k sets) set the group's
-            # table; only this layer's rows are fetched
-            s2t = self.hot.slot_to_token[self._table[layer]].index_select(0, self.groups_of(reqs))
-        else:
-            s2t = set_warm_state(self.hot, self._table[layer], self.groups_of(reqs), seq_lens, ids)
-        return self._fetch_residents(layer, reqs, s2t, req_to_host, "warmup")
-
-    def _check_warmup(self, reqs: torch.Tensor, seq_lens: torch.Tensor, ids: torch.Tensor) -> None:
-        """warmup's input checks, folded into one device boolean (no host read to build it): every row of
-        `reqs` int64 [b] in range, open and once in the batch; every entry of `ids` int64 [b, W*k] below its
-        row's seq_len and >= -1. On the CPU one read, then the clear error of the check that failed
-        (`_check_batch`, `check_topk`); on CUDA a device-side assert (`torch._assert_async`: CUDA does not
-        carry the message, a failed assert stops the process at its next sync; rerun on the CPU to see it)."""
-        check_topk_shape(ids, seq_lens, "warmup topk_ids")
-        r_max = self.cfg.max_requests
-        open_rows = self._row_open
-        if self.device.type == "cuda":    # pinned, then without blocking: a pageable copy would wait
-            open_rows = open_rows.pin_memory().to(self.device, non_blocking=True)
-        elif self.device.type != "cpu":
-            open_rows = open_rows.to(self.device)
-        rows = reqs.clamp(0, r_max - 1)
-        seen = torch.zeros(r_max, dtype=torch.int64, device=self.device).index_add_(0, rows, torch.ones_like(rows))
-        bad = (~((reqs >= 0) & (reqs < r_max) & open_rows[rows])).any() | (seen > 1).any()
-        bad = bad | topk_invalid(ids, seq_lens)
-        if self.device.type == "cuda":
-            torch._assert_async(~bad, "warmup: a request row out of range, not open or repeated in the batch, or a "
-                                      "top-k position outside its context (the CPU device names which)")
-            return
-        if bool(bad):                     # the one host read; the error path reads more to say what is wrong
-            self._check_batch(reqs)
-            check_topk(ids, seq_lens, "warmup topk_ids")
-            raise AssertionError("warmup: the folded check failed but no single check did")
-
-    def _fetch_residents(self, layer: int, reqs: torch.Tensor, s2t: torch.Tensor, req_to_host: torch.Tensor,
-                         note: str) -> torch.Tensor:
-        """Fetch the rows a warm state `s2t` [b, N] holds into the hot slots, in one background move
-        that the layer's first plan waits for: one entry per (request, slot), -1 where the slot is empty
-        (static shapes: no host read on a device-stream engine; `_submit` compacts for the others).
-        Returns the number of rows, int64 0-d on the store's device."""
-        ar = torch.arange(self.cfg.hot_slots_per_request, device=self.device).expand_as(s2t)
-        live = s2t >= 0
-        src = torch.where(live, req_to_host.to(self.device)[reqs.unsqueeze(1), s2t.clamp(min=0)], -1)
-        dst = torch.where(live, self._hot_abs(layer, self.groups_of(reqs), ar), -1)
-        plan = CopyPlan("h2s", src.reshape(-1), dst.reshape(-1), layer=layer, tier="background", note=note)
-        self._layer_fence.setdefault(layer, []).append(self._submit(plan))
-        m = live.sum()
-        self.counters.add_warmup(layer, m)
-        return m
-
-    def lru_tokens(self, req: int) -> torch.Tensor:
-        """int64 [num_layers, N] on the host: request `req`'s LRU state as tokens, least recently used
-        first (-1 empty); `warm_from_lru_tokens` rebuilds it (a PD prefill node sends it to the decode)."""
-        self._check_open(req)
-        return lru_tokens(self.hot, self._group_host[req])[self._table].cpu()
-
-    def warm_from_lru_tokens(self, req: int, seq_len: int, tokens: torch.Tensor, req_to_host: torch.Tensor) -> int | None:
-        """Set request `req`'s hot buffer (opened, empty) to the LRU state `tokens` [num_layers, N]
-        (`lru_tokens` of another store with the same N) and fetch its rows in one background move per
-        layer. Returns the rows fetched, or None (state unchanged) when `tokens` is not a valid LRU state
-        for `seq_len` tokens: the request stays cold."""
-        self._check_open(req)
-        n = self.cfg.hot_slots_per_request
-        if tokens.shape != (self.cfg.num_layers, n):
-            return None
-        state = state_from_lru_tokens(tokens.to(self.device), int(seq_len), n)
-        if state is None:
-            return None
-        s2t, order = state
-        if self._grouped:
-            lead = sorted(set(self.cfg.anchors))
-            table = torch.tensor(self._table, device=s2t.device)
-            if not torch.equal(s2t, s2t[lead][table]):
-                return None                    # a group's layers must hold one state (their anchor's)
-            s2t, order = s2t[lead], order[lead]
-        g = self._group_host[req]
-        self.hot.slot_to_token[:, g] = s2t
-        self.hot.lru_order[:, g] = order
-        s2t = s2t[self._table] if self._grouped else s2t
-        reqs = torch.tensor([req], dtype=torch.int64, device=self.device)
-        return int(sum(self._fetch_residents(layer, reqs, s2t[layer:layer + 1], req_to_host, "warmup (PD transfer)")
-                       for layer in range(self.cfg.num_layers)))
-
     def plan(self, layer: int, reqs: torch.Tensor, seq_lens: torch.Tensor, topk: torch.Tensor,
              req_to_host: torch.Tensor, micro_batch: int = 0, validate: bool = True, padded: bool = False) -> StepPlan:
         """Resolve one layer's top-k for a (sub-)batch and submit the misses' fetch.

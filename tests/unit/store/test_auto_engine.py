@@ -1,7 +1,7 @@
 """`--ess-prefetch-engine auto` on CPU counts the cores of this rank, not of the machine (issue 17)."""
 import torch
 
-from sgl_ess.store.latent_store import WORKER_MIN_CPUS, auto_cpu_engine, rank_cpu_cores
+from sgl_ess.store.engine_choice import WORKER_MIN_CPUS, auto_cpu_engine, rank_cpu_cores
 
 
 def test_the_worker_needs_a_rank_with_enough_cores():

@@ -8,7 +8,7 @@ scheduler (no TP / DP / PP ranks), no speculative decoding (MTP), no PD disaggre
 graphs; the radix cache works (host rows are keyed by C4 location, as SGLang's V4 pool keys its entries, so
 a cached prefix's entries are found where the request that computed them wrote them); the inline or the
 worker fetch engine
-(``--ess-prefetch-engine``; auto: latent_store.auto_cpu_engine's rule, the worker with >= 4 cores per rank),
+(``--ess-prefetch-engine``; auto: engine_choice.auto_cpu_engine's rule, the worker with >= 4 cores per rank),
 the worker with DA / DBA (``--ess-prefetch-overlap-level``; 'full' per layer from ``--ess-overlap-profile``).
 One store per model runner (SGLang may build its backend more than once).
 """
@@ -114,7 +114,7 @@ def c4_store_for(runner, hf, req_to_token):
     hot, source = hot_slots_rule(cfg.hot_slots_per_request, cfg.max_gpu_buffer_size_gb, max(1, len(c4_layers)),
                                  4 * head_dim, topk, rows)
     from sgl_ess.attention.overlap import OverlapProfile
-    from sgl_ess.store.latent_store import auto_cpu_engine
+    from sgl_ess.store.engine_choice import auto_cpu_engine
 
     engine = auto_cpu_engine() if cfg.prefetch_engine == "auto" else cfg.prefetch_engine
     profile = None

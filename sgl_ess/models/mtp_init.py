@@ -20,19 +20,24 @@ import torch
 EMBED_GAIN = 0.0
 HIDDEN_GAIN = 1.0
 DAMP = 0.1
-DAMPED = ("o_proj.weight", "down_proj.weight", "w2_weight")
+DAMPED = ("o_proj.weight", "down_proj.weight", "w2_weight", "wo_b.weight")   # wo_b: DeepSeek-V4's attention output
 
 
 @torch.no_grad()
 def shape_mtp_layer(params: dict[str, torch.Tensor]) -> list[str]:
-    """params: the NextN model's named parameters. eh_proj [H, 2H] -> [EMBED_GAIN*I | HIDDEN_GAIN*I];
-    the decoder's output projections x DAMP. Returns the names changed."""
+    """params: the NextN model's named parameters. eh_proj [H, 2H] -> [EMBED_GAIN*I | HIDDEN_GAIN*I] (DeepSeek-V4's
+    NextN splits it: e_proj [H, H] -> EMBED_GAIN*I, h_proj [H, H] -> HIDDEN_GAIN*I, applied to each of its
+    hyper-connection copies); the decoder's output projections x DAMP. Returns the names changed."""
     changed = []
     for name, p in params.items():
         if name.endswith("eh_proj.weight"):
             h = p.shape[0]
             eye = torch.eye(h, dtype=torch.float32, device=p.device)
             p.copy_(torch.cat([EMBED_GAIN * eye, HIDDEN_GAIN * eye], dim=1).to(p.dtype))
+            changed.append(name)
+        elif name.endswith(("e_proj.weight", "h_proj.weight")) and not name.endswith("eh_proj.weight"):
+            gain = EMBED_GAIN if name.endswith("e_proj.weight") else HIDDEN_GAIN
+            p.copy_((gain * torch.eye(p.shape[0], p.shape[1], dtype=torch.float32, device=p.device)).to(p.dtype))
             changed.append(name)
         elif ".decoder." in name and name.endswith(DAMPED):
             p.mul_(DAMP)

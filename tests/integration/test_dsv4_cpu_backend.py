@@ -57,7 +57,9 @@ def indexer(layer_id):
 
 
 def mode(decode):
-    return types.SimpleNamespace(is_decode=lambda: decode, is_extend_without_speculative=lambda: not decode)
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return ForwardMode.DECODE if decode else ForwardMode.EXTEND
 
 
 class Reference:
@@ -118,7 +120,7 @@ def run_steps(layers, backends, steps, reqs, seq, on_outputs, d=D, inputs=None):
             seq[r] += new[r]
         t = positions.numel()
         fb = types.SimpleNamespace(forward_mode=mode(decode), seq_lens=torch.tensor([seq[r] for r in reqs]),
-                                   extend_seq_lens=torch.tensor([new[r] for r in reqs]),
+                                   extend_seq_lens=torch.tensor([new[r] for r in reqs]), extend_seq_lens_cpu=None,
                                    req_pool_indices=torch.tensor(reqs), positions=positions, out_cache_loc=out_loc)
         if inputs is not None:
             x, swa, qs = inputs(t)

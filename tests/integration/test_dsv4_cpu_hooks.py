@@ -57,12 +57,10 @@ POOL = textwrap.dedent("""
         seen.append((mod.cpu_has_amx_support is amx, mod.attention_backends is backends))
     around_configure(inspect, cfg("DeepseekV32ForCausalLM"), pre_model_load_memory=0)
     assert seen[-1] == (True, True), seen        # other models: SGLang's own check, untouched
-    try:
-        around_configure(original, cfg("DeepseekV4ForCausalLM", spec_none=False), pre_model_load_memory=0)
-    except NotImplementedError as e:
-        assert "speculative" in str(e)
-    else:
-        raise AssertionError("speculative decoding with V4 on CPU was not refused")
+    # EAGLE / MTP: the target and its draft (DeepseekV4ForCausalLMNextN) both configure V4's own pool
+    assert around_configure(original, cfg("DeepseekV4ForCausalLM", spec_none=False), pre_model_load_memory=0) == "configured"
+    assert around_configure(original, cfg("DeepseekV4ForCausalLMNextN"), pre_model_load_memory=0) == "configured"
+    assert seen[-1] == (True, ("intel_amx",)), seen
     def raising(self, **kw):
         raise RuntimeError("boom")
     try:

@@ -193,11 +193,17 @@ def test_ess_on_refuses_what_the_slice_does_not_implement():
                 enable_torch_compile=False, disable_radix_cache=False)
     runner = types.SimpleNamespace(device="cpu", server_args=types.SimpleNamespace(**args))
     assert refusals(runner, EssConfig(enabled=True)) == []
-    for key, value, named in (("speculative_algorithm", "EAGLE", "MTP"), ("disaggregation_mode", "decode", "PD"),
-                              ("tp_size", 2, "--tp-size 2")):
+    for key, value, named in (("speculative_algorithm", "NGRAM", "EAGLE / NEXTN"),
+                              ("disaggregation_mode", "decode", "PD"), ("tp_size", 2, "--tp-size 2")):
         runner.server_args = types.SimpleNamespace(**{**args, key: value})
         got = refusals(runner, EssConfig(enabled=True))
         assert len(got) == 1 and named in got[0], got
+    # MTP with chain drafts runs; a draft tree is refused
+    runner.server_args = types.SimpleNamespace(**{**args, "speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1})
+    assert refusals(runner, EssConfig(enabled=True)) == []
+    runner.server_args = types.SimpleNamespace(**{**args, "speculative_algorithm": "EAGLE", "speculative_eagle_topk": 4})
+    got = refusals(runner, EssConfig(enabled=True))
+    assert len(got) == 1 and "--speculative-eagle-topk 4" in got[0], got
     runner.server_args = types.SimpleNamespace(**args)
     assert refusals(runner, EssConfig(enabled=True, prefetch_engine="worker")) == []
     assert "inline or worker" in refusals(runner, EssConfig(enabled=True, prefetch_engine="stream"))[0]

@@ -44,6 +44,7 @@ DSA_POOL_CPU_COPY = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.get_cpu_c
 DSA_POOL_LOAD_CPU_COPY = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.load_cpu_copy"
 NEXTN_POST_LOAD = "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN.post_load_weights"
 HYV4_NEXTN_POST_LOAD = "sglang.srt.models.hunyuan_v4_nextn.HYV4ForCausalLMNextN.post_load_weights"
+DSV4_NEXTN_POST_LOAD = "sglang.srt.models.deepseek_v4_nextn.DeepseekV4ForCausalLMNextN.post_load_weights"
 SCHEDULER_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 SCHEDULER_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 SCHEDULER_PROCESS_RESULT = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
@@ -62,6 +63,11 @@ DSV4_MHC_COMBINE = "sglang.kernels.ops.layernorm.mhc.mhc_combine"
 DSV4_FUSED_HC_HEAD = "sglang.kernels.ops.layernorm.mhc_head.fused_hc_head"
 DSV4_CHAT_ADAPTER = "sglang.srt.entrypoints.openai.chat_encoding_adapters.build_chat_encoding_adapter"
 DSV4_POOL_CONFIGURE = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
+DSV4_CLEAR_C128_DRAFTS = ("sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool."
+                          "clear_unaccepted_c128_draft_states")
+DSV4_SET_EMBED_AND_HEAD = "sglang.srt.models.deepseek_v4.DeepseekV4ForCausalLM.set_embed_and_head"
+DSV4_DRAFT_DECODE = "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_dsv4_decode_backend"
+DSV4_DRAFT_EXTEND = "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_dsv4_prefill_backend"
 
 # sgl-kernel CPU ops SGLang's EAGLE path calls on CPU (the CPU stand-in lacks them): REPLACE with torch
 # versions in backends/eagle_cpu_kernels.py. The names exist only in CPU-engine processes (SGLANG_USE_CPU_ENGINE=1,
@@ -127,6 +133,7 @@ PATCHED = {
                      "(sgl_ess/models/mtp_init.py) so drafts are sometimes accepted",
     HYV4_NEXTN_POST_LOAD: "BEFORE: the same for Hunyuan V4's MTP layer (its own post_load_weights, which does not "
                           "reach DeepseekV3ForCausalLMNextN's)",
+    DSV4_NEXTN_POST_LOAD: "BEFORE: the same for DeepSeek-V4's MTP layer (e_proj / h_proj, its own post_load_weights)",
     STOP_STR_CHECK: "AROUND (launcher-started processes): stop_regex searched with RE2, or Python re under a "
                     "deadline, within --guard-pattern-budget-ms per request and step (observe/pattern_eval.py)",
     GRAMMAR_COMPILE: "AFTER (launcher-started processes): a compiled grammar whose start allows no token becomes "
@@ -136,6 +143,13 @@ PATCHED = {
                            "rope_scaling gets SGLang's plain get_rope, not get_rope_cpu's assert (dsv4/rope_table.py)",
     DSV4_POOL_CONFIGURE: "AROUND (no CUDA, V4 runner only): V4's own packed-FP8 pool passes the CPU MHA FP8 check "
                          "(AMX + intel_amx), which is for a quant V4 never uses (dsv4/pool_check.py)",
+    DSV4_CLEAR_C128_DRAFTS: "AROUND (CPU pool): nothing to clear after an MTP verify; the CPU dsv4 arm keeps no "
+                            "compressor state in the pool (dsv4/pool_check.py)",
+    DSV4_SET_EMBED_AND_HEAD: "AROUND (no CUDA): EAGLE's draft shares V4's embedding and LM head; torch.cpu has no "
+                             "empty_cache for its closing call (dsv4/embed_head.py)",
+    DSV4_DRAFT_DECODE: "AROUND (CPU draft runner): EAGLE's multi-step draft decode container of CPU dsv4 arms "
+                       "(dsv4/draft_backends.py), not the CUDA trtllm / HIP one",
+    DSV4_DRAFT_EXTEND: "AROUND (CPU draft runner): the draft extend's CPU dsv4 arm, not the CUDA trtllm backend",
     DSV4_Q_NORM_ROPE: "AROUND (no CUDA, CPU tensors): V4's query head norm + RoPE in torch (dsv4/norm_rope.py)",
     DSV4_NORM_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's window row norm + RoPE in torch (dsv4/norm_rope.py)",
     DSV4_ROPE_INPLACE: "AROUND (no CUDA, CPU tensors): V4's (inverse) RoPE of the output in torch (dsv4/norm_rope.py)",

@@ -70,6 +70,7 @@ def register() -> None:
     HookRegistry.register(targets.DRAFT_BACKEND_CREATE, _around_create_backend, HookType.AROUND)
     HookRegistry.register(targets.NEXTN_POST_LOAD, _before_nextn_post_load, HookType.BEFORE)
     HookRegistry.register(targets.HYV4_NEXTN_POST_LOAD, _before_nextn_post_load, HookType.BEFORE)
+    HookRegistry.register(targets.DSV4_NEXTN_POST_LOAD, _before_nextn_post_load, HookType.BEFORE)
 
 
 def _before_nextn_post_load(model, *args, **kwargs):

@@ -73,7 +73,8 @@ class C4EntryStore:
                                 self.max_entries, pool_tokens, hot_slots_per_request, warmup_queries)
         self.store = LatentStore(self.cfg, engine=engine)
         self.overlap, self.profile = overlap, profile
-        self.steps = {"single": 0, "dual": 0}     # decode steps attended in one part / as DA's two parts
+        # decode steps attended in one part / as DA's two parts; MTP verify steps (per C4 layer)
+        self.steps = {"single": 0, "dual": 0, "verify": 0}
         self.num_model_layers = max(c4_layers) + 1 if c4_layers else 1
         # entry j of request row r: host row req_to_host[r, j] (its C4 location), valid for j < known[r]
         self.req_to_host = torch.zeros(request_rows, self.max_entries, dtype=torch.int64)
@@ -82,6 +83,7 @@ class C4EntryStore:
         self.opens = 0
         self.warm_rows = 0
         self.reused_entries = 0                   # prefix entries a request found on host (the radix cache)
+        self.verify_overflow_entries = 0          # MTP verify: entries past the hot buffer, read from host rows
 
     # --- request lifetime ------------------------------------------------------------------
     def c4_locations(self, req: int, first: int, last: int) -> torch.Tensor:
@@ -217,6 +219,27 @@ class C4EntryStore:
         return plan_layer(self.store, mode, self.layers[layer_id], torch.tensor(reqs, dtype=torch.int64),
                           torch.tensor(entries, dtype=torch.int64), topk.to(torch.int64), self.req_to_host)
 
+    def plan_verify(self, layer_id: int, reqs: list[int], committed: list[int], topk: torch.Tensor):
+        """An MTP verify of one C4 layer: each request's n top-k sets (int [b, n, k] entry indices below its
+        `committed` finished entries, -1 pad) resolved as ONE union against its hot buffer (store/verify.py's
+        plan_union: the misses' fetch submitted once; entries past the hot buffer's capacity read from the
+        host rows for this step only, never entered into the LRU). Land ``plan.step``, read
+        ``verify_rows``, then commit ``plan.step``."""
+        from sgl_ess.store.verify import plan_union
+
+        plan = plan_union(self.store, self.layers[layer_id], torch.tensor(reqs, dtype=torch.int64),
+                          torch.tensor(committed, dtype=torch.int64), topk.to(torch.int64), self.req_to_host)
+        self.verify_overflow_entries += int(plan.overflow.sum())
+        return plan
+
+    def verify_rows(self, layer_id: int, plan) -> torch.Tensor:
+        """float32 [b * n, k, d]: the entries a landed verify plan reads (hot slots and ring rows from the slot
+        space, overflow entries from the host rows); any row where the top-k is -1."""
+        from sgl_ess.store.verify import gather_rows
+
+        got, _ = gather_rows(self.store, plan, self.layers[layer_id])
+        return self._decode(got.reshape(-1, got.shape[-1])).view(*got.shape[:2], self.head_dim)
+
     def step_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """float32 [..., d]: the entries in slot rows `slots` (int [...], -1: padding, any row). A miss's row
         is valid once its step has landed."""
@@ -259,7 +282,8 @@ class C4EntryStore:
                  hot_slots_per_request=self.cfg.hot_slots_per_request, request_rows=self.cfg.max_requests,
                  hot_buffers=self.cfg.groups, opens=self.opens, bytes_h2d=snap["bytes_h2d"],
                  bytes_d2h=snap["bytes_d2h"], engine=self.store.engine.name, overlap_level=self.overlap,
-                 single_steps=self.steps["single"], dual_steps=self.steps["dual"],
+                 single_steps=self.steps["single"], dual_steps=self.steps["dual"], verify_steps=self.steps["verify"],
+                 mtp_overflow_entries=self.verify_overflow_entries,
                  reused_entries=self.reused_entries)
         return u
 

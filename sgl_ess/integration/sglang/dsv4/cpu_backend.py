@@ -12,8 +12,10 @@ power-of-two scales per 64 channels, BF16 RoPE: the 584-byte row of sgl_ess/atte
 when it is written (``fp8_rows``); the C4 indexer's keys stay float32.
 With ESS on (``self.ess``, a C4EntryStore, c4_store.py) the C4 layers' entries live in ESS's host store
 as those 584-byte rows: an extend reads its top-k from the host rows and warm-starts the request's LRU,
-a decode step reads its top-k through the request's hot buffer; window rows and C128 entries stay here.
-Not implemented (refused): CUDA graphs, speculative decoding, V4.1's ratio 1/2 layers, FP4 indexer.
+a decode step reads its top-k through the request's hot buffer, an MTP verify its draft tokens' top-k sets
+as one union; window rows and C128 entries stay here.
+EAGLE / MTP with chain drafts: target verify, draft extend and draft decode steps (``batch_of``).
+Not implemented (refused): CUDA graphs, draft trees, V4.1's ratio 1/2 layers, FP4 indexer.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 @dataclass
 class CpuBatch:
-    """One forward batch, per token: its request's index in the batch, position and location."""
+    """One forward batch, per token: its request's index in the batch, position and location.
+    seq_lens[i]: the tokens request i's last query sees (its last position + 1); new_tokens[i]: its query
+    tokens; committed[i]: its leading tokens whose rows are final (an MTP verify's drafts are not)."""
     req_pool_indices: list[int]
     seq_lens: list[int]
     tok_req: torch.Tensor          # int64 [T]
@@ -44,26 +48,59 @@ class CpuBatch:
     out_loc: torch.Tensor          # int64 [T]
     decode: bool = False
     new_tokens: list[int] | None = None
+    verify: bool = False
+    committed: list[int] | None = None
 
 
-def batch_of(forward_batch) -> CpuBatch:
+def batch_of(forward_batch, draft_step: tuple[int, int] | None = None) -> CpuBatch:
+    """Extend, decode, and EAGLE's modes (chain drafts, --speculative-eagle-topk 1): a target verify (n draft
+    tokens per request at L .. L+n-1, seq_lens = L), a draft extend (v2: seq_lens already L+n) and a draft
+    decode step (one token per request at its position; SGLang keeps seq_lens at L for every step). Each
+    query attends by its position (window and entries up to it), so the tokens a request's queries see are
+    taken from its positions, whatever seq_lens holds in that mode.
+    draft_step (i, num_steps): step i's backend of the multi-step draft decode container, whose metadata is
+    set once for every step (SGLang's V4 backends do the same): the EAGLE worker writes step i at its slice of
+    the shared out_cache_loc (eagle_utils.per_step_draft_out_cache_loc, topk 1: column i of [bs, num_steps])
+    and moves positions by one after each step, so step i's queries sit at the first step's positions + i."""
     mode = forward_batch.forward_mode
-    if not (mode.is_decode() or mode.is_extend_without_speculative()):
-        raise NotImplementedError(f"DeepSeek-V4 on CPU: forward mode {mode} is not implemented (extend and "
-                                  "decode only; no speculative decoding)")
-    seq_lens = [int(s) for s in forward_batch.seq_lens.tolist()]
+    verify = bool(mode.is_target_verify())
+    if not (mode.is_decode() or mode.is_extend_without_speculative() or verify or mode.is_draft_extend_v2()):
+        raise NotImplementedError(f"DeepSeek-V4 on CPU: forward mode {mode} is not implemented (extend, decode "
+                                  "and EAGLE's target verify / draft extend v2 / draft decode)")
+    if verify and int(getattr(forward_batch.spec_info, "topk", 1) or 1) != 1:
+        raise NotImplementedError("DeepSeek-V4 on CPU: speculative trees are not implemented (chain drafts only: "
+                                  "--speculative-eagle-topk 1)")
+    n_req = int(forward_batch.req_pool_indices.numel())
     if mode.is_decode():
-        counts = [1] * len(seq_lens)
+        counts = [1] * n_req
+    elif verify:
+        from ..backends.query_layout import num_draft_tokens
+
+        counts = [num_draft_tokens(forward_batch)] * n_req
     else:
-        counts = [int(n) for n in forward_batch.extend_seq_lens.tolist()]
-    tok_req = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts, dtype=torch.long))
-    return CpuBatch([int(i) for i in forward_batch.req_pool_indices.tolist()], seq_lens, tok_req,
-                    forward_batch.positions.long(), forward_batch.out_cache_loc.long(), bool(mode.is_decode()),
-                    counts)
+        ext = forward_batch.extend_seq_lens_cpu
+        counts = [int(n) for n in (ext if ext is not None else forward_batch.extend_seq_lens.tolist())]
+    tok_req = torch.repeat_interleave(torch.arange(n_req), torch.tensor(counts, dtype=torch.long))
+    positions = forward_batch.positions.long().clone()      # the EAGLE worker moves positions in place
+    out_loc = forward_batch.out_cache_loc.long()
+    if draft_step is not None and mode.is_decode():
+        step, steps = draft_step
+        positions = positions + step
+        out_loc = out_loc.view(n_req, steps)[:, step].clone()
+    last = torch.full((n_req,), -1, dtype=torch.long).scatter_reduce(0, tok_req, positions, "amax")
+    seen = [int(p) + 1 for p in last.tolist()]
+    committed = [s - c for s, c in zip(seen, counts)]
+    return CpuBatch([int(i) for i in forward_batch.req_pool_indices.tolist()], seen, tok_req, positions,
+                    out_loc, bool(mode.is_decode()), counts, verify, committed)
+
+
+_runner_state: dict[int, tuple[SideRows, dict]] = {}   # id(model runner) -> (rows, compressors by layer)
 
 
 class DeepseekV4CpuAttnBackend(AttentionBackend):
     events: list | None = None        # a test's log of a decode's C4 steps ("attn0", "wait", "attn1", ...)
+    draft_step: tuple[int, int] | None = None   # (step, num_steps): one step of EAGLE's draft decode container
+
     def __init__(self, model_runner):
         super().__init__()
         hf = model_runner.model_config.hf_config
@@ -78,9 +115,10 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.window = int(getattr(hf, "window_size", None) or hf.sliding_window)
         self.index_topk = int(hf.index_topk)
-        self.rows = SideRows()
+        # one runner's rows and compressors, shared by every backend SGLang builds for it (an EAGLE draft
+        # runner has its main backend, the draft extend's and one per draft decode step)
+        self.rows, self.compressors = _runner_state.setdefault(id(model_runner), (SideRows(), {}))
         self.chosen: dict[int, torch.Tensor] = {}    # C4 layer -> [T, topk] entries per token, this batch
-        self.compressors: dict = {}                 # layer -> the model's Compressor (seen by forward_core_compressor)
         self.forward_metadata = None
         from .ess_setup import c4_store_for
 
@@ -88,13 +126,15 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
 
     # -- SGLang's backend interface -------------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
-        self.forward_metadata = b = batch_of(forward_batch)
+        self.forward_metadata = b = batch_of(forward_batch, self.draft_step)
         self.chosen = {}
         if self.ess is not None:
-            if not b.decode:
+            if not (b.decode or b.verify):
                 for req, n, new in zip(b.req_pool_indices, b.seq_lens, b.new_tokens):
                     self.ess.begin_extend(req, n - new)
-            self.ess.refresh(b.req_pool_indices)     # SGLang may have moved a request's tokens (radix dedup)
+            self.ess.refresh(b.req_pool_indices)
+            # a verify writes the entries its requests' last accepted tokens finished (known .. committed // 4)
+            self.known0 = [int(self.ess.known[r]) for r in b.req_pool_indices]     # SGLang may have moved a request's tokens (radix dedup)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
         raise NotImplementedError("DeepSeek-V4 on CPU: no CUDA graphs (run with --disable-cuda-graph)")
@@ -145,6 +185,8 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         sink = attn_sink.float() if attn_sink is not None else torch.full((heads,), float("-inf"))
         if self.ess is not None and compress_ratio == 4 and b.decode:
             return self._c4_decode_ess(q, layer, b, sink[:heads]).to(q.dtype)
+        if self.ess is not None and compress_ratio == 4 and b.verify:
+            return self._c4_verify_ess(q, layer, b, sink[:heads]).to(q.dtype)
         out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
         for i, n in enumerate(b.seq_lens):
             toks = (b.tok_req == i).nonzero().flatten()
@@ -182,6 +224,52 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
                 last = self.req_to_token[b.req_pool_indices[i], torch.arange(done, total) * 4 + 3].long()
                 self.rows.write(layer_id, "c4", last, self._round(got))
         return total
+
+    def _c4_range(self, layer_id: int, req: int, first: int, last: int) -> torch.Tensor:
+        """float [last - first, d]: request row `req`'s C4 entries first .. last - 1 from the stored projections."""
+        compressor = self._compressor(layer_id)
+        lo = first_row(compressor, first)
+        proj = self.rows.read(layer_id, "core", self.req_to_token[req, lo:last * 4].long())
+        return finished_entries(compressor, proj, first)
+
+    def _c4_verify_ess(self, q, layer, b: CpuBatch, sink: torch.Tensor) -> torch.Tensor:
+        """ESS on, an MTP verify of a C4 layer (n draft tokens per request at L .. L+n-1, L committed): the
+        entries the last accepted tokens finished (known .. L // 4) go to the host rows; the entries the
+        draft tokens finish (L // 4 .. (L + n) // 4) are this forward's own, computed here and never stored
+        (a rejected draft's entry must not outlive the step); each request's n top-k sets resolve as ONE
+        union against its hot buffer (store/verify.py's plan_union: the misses fetched once, entries past
+        the hot buffer read from the host rows for this step only); attention reads the chosen entries in
+        top-k order, with the window and the sink in one softmax, as ESS off does. Returns float32 [T, H, D]."""
+        layer_id, heads, ess = layer.layer_id, q.shape[1], self.ess
+        n = b.new_tokens[0]
+        final, own = [], []
+        for i, s in enumerate(b.seq_lens):
+            req, c = b.req_pool_indices[i], b.committed[i] // 4
+            first = self.known0[i]
+            if c > first:
+                ess.write(layer_id, req, first, self._c4_range(layer_id, req, first, c))
+            final.append(c)
+            own.append(self._round(self._c4_range(layer_id, req, c, s // 4)) if s // 4 > c else None)
+        chosen = self.chosen[layer_id].view(len(final), n, -1)
+        bound = torch.tensor(final)[:, None, None]
+        plan = ess.plan_verify(layer_id, b.req_pool_indices, final, torch.where(chosen < bound, chosen, -1))
+        ess.land(plan.step)
+        rows = ess.verify_rows(layer_id, plan).view(len(final), n, chosen.shape[2], -1)
+        ess.steps["verify"] += 1
+        out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
+        k = chosen.shape[2]
+        for i, s in enumerate(b.seq_lens):
+            toks = (b.tok_req == i).nonzero().flatten()
+            r = rows[i].clone()
+            if own[i] is not None:
+                mine = chosen[i] >= final[i]
+                r[mine] = own[i][chosen[i][mine] - final[i]]
+            idx = torch.arange(n * k).view(n, k)
+            swa = self.rows.read(layer_id, "swa", self._locs(b, i, s))
+            out[toks] = layer_attention(q[toks], b.positions[toks], swa, sink, layer.scaling, r.view(n * k, -1),
+                                        torch.where(chosen[i] >= 0, idx, -1), self.window)
+        ess.commit(plan.step)
+        return out
 
     def _c4_decode_ess(self, q, layer, b: CpuBatch, sink: torch.Tensor) -> torch.Tensor:
         """ESS on, one decode step of a C4 layer (token i is request i's one query): every request's top-k

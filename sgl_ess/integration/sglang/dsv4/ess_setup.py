@@ -4,7 +4,9 @@ request row closes its hot buffer, SGLang freeing pages zeroes the C4 entries st
 ``/ess/status`` reports its usage).
 
 What this slice implements, and what it refuses with ESS on (never a silent fallback): the CPU, one
-scheduler (no TP / DP / PP ranks), no speculative decoding (MTP), no PD disaggregation, no CUDA / CPU
+scheduler (no TP / DP / PP ranks), MTP with chain drafts (EAGLE / NEXTN, topk 1: the target's verify
+resolves its draft tokens' top-k as one union per C4 layer; the draft's one layer is window-only, so the
+draft runner has no store), no PD disaggregation, no CUDA / CPU
 graphs; the radix cache works (host rows are keyed by C4 location, as SGLang's V4 pool keys its entries, so
 a cached prefix's entries are found where the request that computed them wrote them); the inline or the
 worker fetch engine
@@ -39,7 +41,10 @@ def pool_tokens(runner) -> int:
 class V4EssAdapter:
     """What pools/lifecycle.py's hooks and /ess/status call on an ESS store, for the V4 C4 store. Host rows
     are keyed by C4 location (a block's last token location // 4), so SGLang freeing pages (a request without
-    the radix cache, an evicted prefix, a flush) zeroes the entries stored there."""
+    the radix cache, an evicted prefix, a flush) zeroes the entries stored there. Its host_tokens_* in
+    /ess/status count C4 entries (``host_row_unit``); SGLang's token pool split shows as kv_pool_*."""
+
+    host_row_unit = "C4 entry"
 
     def __init__(self, runner, store):
         self.runner_id = id(runner)
@@ -73,8 +78,11 @@ def refusals(runner, cfg: EssConfig) -> list[str]:
     out = []
     if not str(runner.device).startswith("cpu"):
         out.append(f"device {runner.device} (the CPU dsv4 arm only)")
-    if getattr(args, "speculative_algorithm", None):
-        out.append(f"--speculative-algorithm {args.speculative_algorithm} (MTP)")
+    algo = getattr(args, "speculative_algorithm", None)
+    if algo and str(algo).upper() not in ("EAGLE", "NEXTN", "MTP"):
+        out.append(f"--speculative-algorithm {algo} (EAGLE / NEXTN, V4's MTP layer, only)")
+    if algo and int(getattr(args, "speculative_eagle_topk", 1) or 1) != 1:
+        out.append(f"--speculative-eagle-topk {args.speculative_eagle_topk} (chain drafts only: 1)")
     if str(getattr(args, "disaggregation_mode", "null")) != "null":
         out.append(f"--disaggregation-mode {args.disaggregation_mode} (PD)")
     for flag in ("tp_size", "dp_size", "pp_size"):
@@ -95,6 +103,8 @@ def c4_store_for(runner, hf, req_to_token):
     cfg = config_from_env() or EssConfig()
     if not cfg.enabled:
         return None
+    if getattr(runner, "is_draft_worker", False):
+        return None        # V4's MTP layer is a window-only layer (compress ratio 0): nothing for the host store
     known = _stores.get(id(runner))
     if known is not None:
         return known.c4

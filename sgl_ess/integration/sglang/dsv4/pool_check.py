@@ -6,8 +6,8 @@ deepseek_v4_memory_pool.py:321; bfloat16 is NPU's separate geometry), so V4 reso
 then applies the CPU MHA rule for FP8 (SGLang's ``cpu_fp8_e4m3`` quant, which needs Intel AMX and
 the ``intel_amx`` backend) although V4's rows are never read by that quant: the CPU dsv4 arm
 (dsv4/) dequantizes them in torch. So, without CUDA and for a DeepseekV4ForCausalLM runner only,
-that check sees AMX and the intel_amx backend for the duration of ``configure``. Speculative
-decoding is refused here (the backend list also decides draft pool fusion).
+that check sees AMX and the intel_amx backend for the duration of ``configure`` (the draft runner of
+EAGLE / MTP included: its architecture is DeepseekV4ForCausalLMNextN).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from __future__ import annotations
 import contextlib
 
 V4_ARCH = "DeepseekV4ForCausalLM"
+V4_ARCHS = (V4_ARCH, "DeepseekV4ForCausalLMNextN")
 
 
 def is_v4(model_config) -> bool:
     archs = getattr(getattr(model_config, "hf_config", None), "architectures", None) or []
-    return V4_ARCH in archs
+    return any(a in archs for a in V4_ARCHS)
 
 
 @contextlib.contextmanager
@@ -38,8 +39,15 @@ def _v4_fp8_pool_allowed():
 def around_configure(original_fn, self, *args, **kwargs):
     if not is_v4(getattr(self, "model_config", None)):
         return original_fn(self, *args, **kwargs)
-    if not self.spec_algorithm.is_none():
-        raise NotImplementedError(
-            f"{V4_ARCH} on CPU: speculative decoding (MTP) is not implemented by the CPU dsv4 arm")
     with _v4_fp8_pool_allowed():
         return original_fn(self, *args, **kwargs)
+
+
+def around_clear_unaccepted_c128(original_fn, self, *args, **kwargs):
+    """After an MTP verify SGLang zeroes the C128 compressor state its rejected draft tokens wrote in the pool's
+    state ring (a Triton kernel). The CPU dsv4 arm keeps no compressor state in the pool: it pools a C128
+    entry from the stored projections of the positions it covers when it reads it, and a rejected draft's
+    position is written again by the forward that next reaches it, before any read. Nothing to clear."""
+    if str(getattr(self, "device", "cpu")).startswith("cpu"):
+        return None
+    return original_fn(self, *args, **kwargs)

@@ -39,9 +39,12 @@ def memory_rows(sched) -> list[tuple[str, str, int, str]]:
     if adapter is not None:
         u = adapter.usage()
         host_tokens = u.get("host_tokens_capacity", 0)
+        layers = int(getattr(adapter, "layers", layers))      # the store's layers (DeepSeek-V4: its C4 layers)
+        unit = u.get("host_row_unit", "token")
+        source = ("SGLang's token pool + 1 padding page" if unit == "token" else
+                  f"one {unit} row per location; {u.get('host_tokens_capacity', '?')} capacity")
         rows.append(("host", "latent history (host pool)", int(u.get("host_bytes", 0)),
-                     f"{host_tokens} token rows x {layers} layers x {getattr(adapter, 'row_bytes', '?')} B "
-                     f"(SGLang's token pool + 1 padding page)"))
+                     f"{host_tokens} {unit} rows x {layers} layers x {getattr(adapter, 'row_bytes', '?')} B ({source})"))
         store_cfg = getattr(adapter, "store_cfg", None)
         row_bytes = int(getattr(adapter, "row_bytes", 0) or 0)
         device = int(u.get("device_bytes", 0))

@@ -71,7 +71,11 @@ def ops_state(scheduler) -> dict:
     if scheduler is None:
         return {}
     split = pool_split(scheduler)
-    prefix = "host_" if lifecycle.active_store() is not None else "kv_pool_"
+    store = lifecycle.active_store()
+    # SGLang's token pool split stands for the host store's rows where those rows are tokens (DSA); a store
+    # of another unit (DeepSeek-V4: one row per C4 entry) reports its own host_tokens_*, the split stays kv_pool_*
+    tokens = store is not None and getattr(store, "host_row_unit", "token") == "token"
+    prefix = "host_" if tokens else "kv_pool_"
     out = {prefix + k: v for k, v in split.items()}
     out["queue"] = queue_state(scheduler)
     return out

@@ -1,0 +1,99 @@
+"""DeepSeek-V4 with ESS on, MTP verify (issue 37 item 2), in process: the CPU dsv4 arm's TARGET_VERIFY with its C4
+entries in ESS's host store against the same arm with ESS off on the same inputs, bit for bit.
+
+Three requests at scattered paged locations extend, then verify n = 4 draft tokens per step at L .. L+3 (L the
+committed length) and accept a random number of them (the next verify starts past the accepted ones, so the
+rows of rejected drafts are written again before anything reads them, as in SGLang). With ESS on, each step
+writes the entries its last accepted tokens finished to the host rows, computes the entries its own drafts
+finish without storing them, and resolves the request's 4 top-k sets as one union against a hot buffer of 5
+entries (top-3 each: the union overflows, and overflow entries are read from the host rows for that step).
+Checked: every layer's output equal to ESS off, the union's misses fetched, overflow entries read, the host
+store's table never holding a draft's entry (known <= committed // 4), and a draft tree refused."""
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sglang")
+
+from .test_dsv4_cpu_backend import D, G, HEADS, HIDDEN, SINK, compressor, indexer, make_backend, rnd  # noqa: E402
+from .test_dsv4_ess_store import c4_store, paged_req_to_token  # noqa: E402
+
+pytestmark = pytest.mark.integration
+N_DRAFT = 4
+
+
+def _mode(name):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return getattr(ForwardMode, name)
+
+
+def _forward(backends, layers, fb, t):
+    """One forward of every backend on the same random inputs; returns their outputs per layer."""
+    x = rnd(t, HIDDEN)
+    swa = {lid: rnd(t, D) for lid in layers}
+    qs = {lid: rnd(t, HEADS, D) for lid in layers}
+    outs = []
+    for backend in backends:
+        backend.init_forward_metadata(fb)
+        got = {}
+        for lid, (ratio, comp, idx) in layers.items():
+            backend.store_cache(lid, swa[lid], fb)
+            if idx is not None:
+                backend.forward_c4_indexer(x, x, fb, idx)
+            if comp is not None:
+                backend.forward_core_compressor(x, fb, lid, comp)
+            layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=D)
+            got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
+        outs.append(got)
+    return outs
+
+
+def _batch(req_to_token, reqs, first, counts, mode, spec=None):
+    positions = torch.cat([torch.arange(first[r], first[r] + counts[r]) for r in reqs])
+    out_loc = torch.cat([req_to_token[r, first[r]:first[r] + counts[r]] for r in reqs])
+    return types.SimpleNamespace(
+        forward_mode=_mode(mode), seq_lens=torch.tensor([first[r] + (0 if spec else counts[r]) for r in reqs]),
+        extend_seq_lens=torch.tensor([counts[r] for r in reqs]), extend_seq_lens_cpu=None, spec_info=spec,
+        req_pool_indices=torch.tensor(reqs), positions=positions, out_cache_loc=out_loc)
+
+
+def test_c4_verify_through_host_store_equals_ess_off():
+    layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None),
+              4: (4, compressor(4, D), indexer(4))}
+    req_to_token, pool = paged_req_to_token(3, 400)
+    store = c4_store(req_to_token, pool)
+    on, off = make_backend(req_to_token, store), make_backend(req_to_token)
+    reqs = [0, 1, 2]
+    committed = {0: 150, 1: 3, 2: 41}          # row 1 starts with no finished C4 entry
+    got, want = _forward([on, off], layers, _batch(req_to_token, reqs, {r: 0 for r in reqs}, committed, "EXTEND"),
+                         sum(committed.values()))
+    for lid in layers:
+        assert torch.equal(got[lid], want[lid]), lid
+    spec = types.SimpleNamespace(draft_token_num=N_DRAFT, topk=1)
+    accepted = 0
+    for _ in range(24):
+        fb = _batch(req_to_token, reqs, committed, {r: N_DRAFT for r in reqs}, "TARGET_VERIFY", spec)
+        got, want = _forward([on, off], layers, fb, N_DRAFT * len(reqs))
+        for lid in layers:
+            assert torch.equal(got[lid], want[lid]), lid
+        for r in reqs:
+            assert int(store.known[r]) <= committed[r] // 4, "a draft's entry entered the host store's table"
+            a = int(torch.randint(0, N_DRAFT, (1,), generator=G))
+            accepted += a
+            committed[r] += a + 1              # the accepted drafts and the target's own next token
+    u = store.usage()
+    assert accepted > 0
+    assert u["verify_steps"] == 24 * 2 and u["single_steps"] == u["dual_steps"] == 0, u
+    assert all(m > 0 for m in u["misses_per_layer"]), u
+    assert u["mtp_overflow_entries"] > 0, u     # 4 top-3 sets over a hot buffer of 5
+
+
+def test_c4_verify_refuses_a_draft_tree():
+    req_to_token, pool = paged_req_to_token(1, 64)
+    backend = make_backend(req_to_token, c4_store(req_to_token, pool))
+    spec = types.SimpleNamespace(draft_token_num=N_DRAFT, topk=2)
+    with pytest.raises(NotImplementedError, match="speculative-eagle-topk 1"):
+        backend.init_forward_metadata(_batch(req_to_token, [0], {0: 8}, {0: N_DRAFT}, "TARGET_VERIFY", spec))

@@ -1,0 +1,97 @@
+"""DeepSeek-V4 with MTP (EAGLE through its NextN layer, chain drafts: 3 steps, 4 draft tokens) on the CPU dsv4 arm,
+ESS on and off (issue 37 item 2): ``python -m sgl_ess.launch_server`` with the tiny V4 (random scaled weights, its
+MTP layer shaped by sgl_ess/models/mtp_init.py so that drafts are sometimes accepted). Every output token after
+the first comes out of a target verify; the C4 layers' verify reads its draft tokens' top-32 sets as one union
+through a hot buffer of 40 entries (dsv4/cpu_backend.py, _c4_verify_ess): the misses fetched from the host rows,
+the entries past the hot buffer read from the host rows for that step. The draft's own layer is window-only
+(compress ratio 0), so the draft runner has no store.
+
+Three servers, the same prompts from 3 client threads with 2 running requests at most (rows reused):
+  on     ESS on, MTP          greedy tokens, log-probs and speculation counters equal to `off`, bit for bit;
+                              its counters show verify steps, misses, overflow entries; live host rows, hot
+                              slots and open hot buffers back to zero without a flush
+  off    ESS off, MTP
+  plain  ESS off, no MTP      greedy tokens equal to `off` (greedy speculative decoding changes no token),
+                              a check of the arm's verify and draft modes against its decode
+The repetitive last prompt makes the target repeat itself, so drafts are accepted (fewer verify steps than
+tokens), and entries finished by accepted draft tokens are written to the host rows by the next verify."""
+
+import concurrent.futures as cf
+import os
+
+import pytest
+
+from ._server import group_alive, start_together
+from .conftest import _need_sglang
+from .test_dsv4_ess_server import BASE, ENV, HOT, PROMPTS
+
+pytestmark = pytest.mark.integration
+SPEC = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4"]
+ALL_PROMPTS = PROMPTS + [[5, 6, 7, 8] * 60]
+NEW_TOKENS = 16
+SPEC_KEYS = ("spec_verify_ct", "spec_num_correct_drafts")
+
+
+def _generate(srv, prompt):
+    out = srv.post("/generate", {"input_ids": prompt, "return_logprob": True,
+                                 "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS,
+                                                     "ignore_eos": True}})
+    meta = out["meta_info"]
+    return ([t[1] for t in meta["output_token_logprobs"]], [t[0] for t in meta["output_token_logprobs"]],
+            {k: meta.get(k) for k in SPEC_KEYS})
+
+
+@pytest.fixture(scope="module")
+def runs():
+    _need_sglang()
+    servers = start_together({"on": (BASE + SPEC + ["--ess-hot-slots-per-request", str(HOT)], ENV),
+                              "off": (BASE + SPEC + ["--ess-enabled", "false"], ENV),
+                              "plain": (BASE + ["--ess-enabled", "false"], ENV)}, prefix="dsv4_mtp_")
+    out = {}
+    try:
+        for name, srv in servers.items():
+            with cf.ThreadPoolExecutor(3) as ex:
+                out[name] = list(ex.map(lambda p, srv=srv: _generate(srv, p), ALL_PROMPTS))
+            out[name + "_log"] = srv.log_tail(100000)
+            if name == "on":
+                out["usage"] = srv.ess_usage()
+                out["zero"] = srv.wait_ess_zero(timeout_s=120)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    for srv in servers.values():
+        assert not group_alive(srv.pgid), f"processes of {srv.name} left behind"
+    return out
+
+
+def test_mtp_ess_on_equals_off(runs):
+    for i, (on, off) in enumerate(zip(runs["on"], runs["off"])):
+        assert len(on[0]) == NEW_TOKENS
+        assert on[0] == off[0], f"request {i}: tokens differ ESS on vs off ({on[0]} vs {off[0]})"
+        assert on[1] == off[1], f"request {i}: log-probs differ"
+        assert on[2] == off[2] and on[2]["spec_verify_ct"], f"request {i}: speculation {on[2]} vs {off[2]}"
+    assert len({tuple(r[0]) for r in runs["on"]}) > 1
+    assert "Traceback" not in runs["on_log"] and "Traceback" not in runs["off_log"]
+
+
+def test_drafts_were_accepted(runs):
+    """The repetitive prompt: drafts accepted, so fewer verify steps than output tokens after the first."""
+    verify, correct = runs["off"][-1][2]["spec_verify_ct"], runs["off"][-1][2]["spec_num_correct_drafts"]
+    assert correct and correct > 0 and verify < NEW_TOKENS - 1, runs["off"][-1][2]
+
+
+def test_mtp_changes_no_greedy_token(runs):
+    for i, (spec, plain) in enumerate(zip(runs["off"], runs["plain"])):
+        assert spec[0] == plain[0], f"request {i}: MTP's tokens {spec[0]} differ from decode's {plain[0]}"
+
+
+def test_mtp_counters_and_rows_back_to_zero(runs):
+    u = runs["usage"]
+    assert u["host_row_unit"] == "C4 entry" and u["c4_layers"] == [2, 4], u
+    assert u["verify_steps"] > 0 and u["single_steps"] == u["dual_steps"] == 0, u   # the target only verifies
+    assert all(m > 0 for m in u["misses_per_layer"]), u
+    assert u["mtp_overflow_entries"] > 0, u          # 4 top-32 sets over 40 hot entries
+    assert "draft" not in u or not u["draft"], u     # the draft's window-only layer: no store
+    z = runs["zero"]
+    assert z["host_tokens_live"] == 0 and z["hot_slots_used"] == 0 and z["hot_requests_open"] == 0, z

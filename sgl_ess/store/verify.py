@@ -46,6 +46,8 @@ class UnionPlan:
     host_locs   int64 [b*n, k]  host-pool locations of window and overflow entries, else -1
     window      bool  [b*n, k]  entry is one of this forward's own rows (position >= committed)
     overflow    bool  [b*n, k]  committed entry read from the host because the union exceeded N
+    union_col   int64 [b, n*k]  the column of `step` (the union row) each entry reads, -1 for padding,
+                                window and overflow entries (maps step.staged back to the entries)
     """
 
     step: StepPlan
@@ -53,6 +55,7 @@ class UnionPlan:
     host_locs: torch.Tensor
     window: torch.Tensor
     overflow: torch.Tensor
+    union_col: torch.Tensor | None = None
 
 
 def distinct_ranks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +150,7 @@ def plan_union(store, layer: int, reqs: torch.Tensor, committed: torch.Tensor, t
     from_host = overflow | window
     locs = req_to_host.to(dev)[reqs[:, None, None], pos.clamp(min=0)].reshape(b * n, k)
     return UnionPlan(step=step, read_slots=read.to(torch.int32).reshape(b * n, k),
-                     host_locs=torch.where(from_host, locs, -1), window=window, overflow=overflow)
+                     host_locs=torch.where(from_host, locs, -1), window=window, overflow=overflow, union_col=col)
 
 
 def gather_rows(store, plan: UnionPlan, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,13 @@ writes the entries its last accepted tokens finished to the host rows, computes 
 finish without storing them, and resolves the request's 4 top-k sets as one union against a hot buffer of 5
 entries (top-3 each: the union overflows, and overflow entries are read from the host rows for that step).
 Checked: every layer's output equal to ESS off, the union's misses fetched, overflow entries read, the host
-store's table never holding a draft's entry (known <= committed // 4), and a draft tree refused."""
+store's table never holding a draft's entry (known <= committed // 4), and a draft tree refused.
+
+On the worker engine (a real prefetch process) at each overlap level: none bit-equal to ESS off; da and dba
+(the window, resident, overflow and own entries attended while the misses are in flight, then the misses,
+merged by log-sum-exp with the sink once) within the float32 bound derived in test_dsv4_ess_overlap.py, the
+log showing Attn0 before the wait for the misses and Attn1 after it, and dba's two halves both planned
+before either attends."""
 
 import types
 
@@ -18,6 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 
 from .test_dsv4_cpu_backend import D, G, HEADS, HIDDEN, SINK, compressor, indexer, make_backend, rnd  # noqa: E402
+from .test_dsv4_ess_overlap import _bound  # noqa: E402
 from .test_dsv4_ess_store import c4_store, paged_req_to_token  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -30,7 +37,7 @@ def _mode(name):
     return getattr(ForwardMode, name)
 
 
-def _forward(backends, layers, fb, t):
+def _forward(backends, layers, fb, t, with_queries=False):
     """One forward of every backend on the same random inputs; returns their outputs per layer."""
     x = rnd(t, HIDDEN)
     swa = {lid: rnd(t, D) for lid in layers}
@@ -48,7 +55,7 @@ def _forward(backends, layers, fb, t):
             layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=D)
             got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
         outs.append(got)
-    return outs
+    return (outs, qs) if with_queries else outs
 
 
 def _batch(req_to_token, reqs, first, counts, mode, spec=None):
@@ -60,12 +67,14 @@ def _batch(req_to_token, reqs, first, counts, mode, spec=None):
         req_pool_indices=torch.tensor(reqs), positions=positions, out_cache_loc=out_loc)
 
 
-def test_c4_verify_through_host_store_equals_ess_off():
+def _run_verify(store, req_to_token, compare, steps=24):
+    """An extend, then `steps` verify steps with random acceptance, on ESS on (`store`) and off; compare(on,
+    off, lid, q) per C4 layer and step (window-only and C128 layers: equal). Returns (on backend, drafts
+    accepted)."""
     layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None),
               4: (4, compressor(4, D), indexer(4))}
-    req_to_token, pool = paged_req_to_token(3, 400)
-    store = c4_store(req_to_token, pool)
     on, off = make_backend(req_to_token, store), make_backend(req_to_token)
+    on.events = []
     reqs = [0, 1, 2]
     committed = {0: 150, 1: 3, 2: 41}          # row 1 starts with no finished C4 entry
     got, want = _forward([on, off], layers, _batch(req_to_token, reqs, {r: 0 for r in reqs}, committed, "EXTEND"),
@@ -74,16 +83,30 @@ def test_c4_verify_through_host_store_equals_ess_off():
         assert torch.equal(got[lid], want[lid]), lid
     spec = types.SimpleNamespace(draft_token_num=N_DRAFT, topk=1)
     accepted = 0
-    for _ in range(24):
+    for _ in range(steps):
         fb = _batch(req_to_token, reqs, committed, {r: N_DRAFT for r in reqs}, "TARGET_VERIFY", spec)
-        got, want = _forward([on, off], layers, fb, N_DRAFT * len(reqs))
+        (got, want), qs = _forward([on, off], layers, fb, N_DRAFT * len(reqs), with_queries=True)
         for lid in layers:
-            assert torch.equal(got[lid], want[lid]), lid
+            if layers[lid][0] == 4:
+                compare(got[lid], want[lid], off, lid, qs[lid])
+            else:
+                assert torch.equal(got[lid], want[lid]), lid
         for r in reqs:
             assert int(store.known[r]) <= committed[r] // 4, "a draft's entry entered the host store's table"
             a = int(torch.randint(0, N_DRAFT, (1,), generator=G))
             accepted += a
             committed[r] += a + 1              # the accepted drafts and the target's own next token
+    return on, accepted
+
+
+def _equal(got, want, off, lid, q):
+    assert torch.equal(got, want), lid
+
+
+def test_c4_verify_through_host_store_equals_ess_off():
+    req_to_token, pool = paged_req_to_token(3, 400)
+    store = c4_store(req_to_token, pool)
+    _, accepted = _run_verify(store, req_to_token, _equal)
     u = store.usage()
     assert accepted > 0
     assert u["verify_steps"] == 24 * 2 and u["single_steps"] == u["dual_steps"] == 0, u
@@ -97,3 +120,42 @@ def test_c4_verify_refuses_a_draft_tree():
     spec = types.SimpleNamespace(draft_token_num=N_DRAFT, topk=2)
     with pytest.raises(NotImplementedError, match="speculative-eagle-topk 1"):
         backend.init_forward_metadata(_batch(req_to_token, [0], {0: 8}, {0: N_DRAFT}, "TARGET_VERIFY", spec))
+
+
+@pytest.mark.parametrize("level", ["none", "da", "dba"])
+def test_c4_verify_overlap_levels_on_the_worker_engine(level):
+    req_to_token, pool = paged_req_to_token(3, 400)
+    store = c4_store(req_to_token, pool, engine="worker", overlap=level)
+    worst = []
+
+    def compare(got, want, off, lid, q):
+        if level == "none":
+            assert torch.equal(got, want), lid
+        else:
+            err, bound = float((got - want).abs().max()), _bound(off, lid, q)
+            assert err <= bound, (lid, err, bound)
+            worst.append(err / bound)
+
+    try:
+        assert store.mode(2) == level and store.store.engine.name == "worker"
+        on, accepted = _run_verify(store, req_to_token, compare, steps=12)
+        u = store.usage()
+        assert accepted > 0 and all(m > 0 for m in u["misses_per_layer"]), u
+        plans = 12 * 2 * (2 if level == "dba" else 1)          # 12 verify steps x 2 C4 layers (x 2 halves)
+        assert u["verify_steps"] == plans and (u["verify_dual_steps"] > 0) == (level != "none"), u
+        ev = [e for e in on.events]
+        if level == "none":
+            assert {e[0] for e in ev} == {"plan", "wait", "attn", "commit"}, ev[:8]
+            return
+        dual = [i for i, e in enumerate(ev) if e[0] == "attn0"]
+        assert dual, ev
+        for i in dual:                                  # Attn0, the wait for the misses, Attn1
+            assert [e[0] for e in ev[i:i + 4]] == ["attn0", "wait", "attn1", "commit"], ev[i:i + 4]
+        assert {e[2] for e in ev} == ({0, 1} if level == "dba" else {0})
+        if level == "dba":
+            for i, e in enumerate(ev):
+                if e[0] == "plan" and e[2] == 0:
+                    assert [x[0] for x in ev[i:i + 2]] == ["plan", "plan"] and ev[i + 1][2] == 1, ev[i:i + 3]
+        print(f"{level}: worst error / bound {max(worst):.3g}")
+    finally:
+        store.shutdown()

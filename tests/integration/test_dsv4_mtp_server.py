@@ -13,6 +13,10 @@ Three servers, the same prompts from 3 client threads with 2 running requests at
   off    ESS off, MTP
   plain  ESS off, no MTP      greedy tokens equal to `off` (greedy speculative decoding changes no token),
                               a check of the arm's verify and draft modes against its decode
+  da     ESS on, MTP, the worker engine (a prefetch process) at the default level da: verify steps attended
+                              in two parts while misses were in flight; rows back to zero (its outputs are
+                              not compared token for token: DA's merge rounds differently from one softmax;
+                              in process, within a derived bound: test_dsv4_ess_verify.py)
 The repetitive last prompt makes the target repeat itself, so drafts are accepted (fewer verify steps than
 tokens), and entries finished by accepted draft tokens are written to the host rows by the next verify."""
 
@@ -47,16 +51,18 @@ def runs():
     _need_sglang()
     servers = start_together({"on": (BASE + SPEC + ["--ess-hot-slots-per-request", str(HOT)], ENV),
                               "off": (BASE + SPEC + ["--ess-enabled", "false"], ENV),
-                              "plain": (BASE + ["--ess-enabled", "false"], ENV)}, prefix="dsv4_mtp_")
+                              "plain": (BASE + ["--ess-enabled", "false"], ENV),
+                              "da": (BASE + SPEC + ["--ess-hot-slots-per-request", str(HOT), "--ess-prefetch-engine",
+                                                    "worker"], ENV)}, prefix="dsv4_mtp_")
     out = {}
     try:
         for name, srv in servers.items():
             with cf.ThreadPoolExecutor(3) as ex:
                 out[name] = list(ex.map(lambda p, srv=srv: _generate(srv, p), ALL_PROMPTS))
             out[name + "_log"] = srv.log_tail(100000)
-            if name == "on":
-                out["usage"] = srv.ess_usage()
-                out["zero"] = srv.wait_ess_zero(timeout_s=120)
+            if name in ("on", "da"):
+                out[name + "_usage"] = srv.ess_usage()
+                out[name + "_zero"] = srv.wait_ess_zero(timeout_s=120)
     finally:
         for srv in servers.values():
             srv.stop()
@@ -87,11 +93,22 @@ def test_mtp_changes_no_greedy_token(runs):
 
 
 def test_mtp_counters_and_rows_back_to_zero(runs):
-    u = runs["usage"]
+    u = runs["on_usage"]
     assert u["host_row_unit"] == "C4 entry" and u["c4_layers"] == [2, 4], u
     assert u["verify_steps"] > 0 and u["single_steps"] == u["dual_steps"] == 0, u   # the target only verifies
     assert all(m > 0 for m in u["misses_per_layer"]), u
     assert u["mtp_overflow_entries"] > 0, u          # 4 top-32 sets over 40 hot entries
     assert "draft" not in u or not u["draft"], u     # the draft's window-only layer: no store
-    z = runs["zero"]
-    assert z["host_tokens_live"] == 0 and z["hot_slots_used"] == 0 and z["hot_requests_open"] == 0, z
+    for name in ("on", "da"):
+        z = runs[name + "_zero"]
+        assert z["host_tokens_live"] == 0 and z["hot_slots_used"] == 0 and z["hot_requests_open"] == 0, (name, z)
+
+
+def test_worker_engine_overlaps_the_verify_fetch(runs):
+    u = runs["da_usage"]
+    assert u["engine"] == "worker" and u["overlap_level"] == "da", u
+    assert u["verify_dual_steps"] > 0 and all(m > 0 for m in u["misses_per_layer"]), u
+    assert all(len(r[0]) == NEW_TOKENS for r in runs["da"])
+    assert "Traceback" not in runs["da_log"]
+    same = sum(a[0] == b[0] for a, b in zip(runs["da"], runs["off"]))
+    print(f"MTP at da on the worker engine: {same} of {len(ALL_PROMPTS)} requests' greedy tokens equal ESS off's")

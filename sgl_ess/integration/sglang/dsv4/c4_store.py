@@ -74,7 +74,7 @@ class C4EntryStore:
         self.store = LatentStore(self.cfg, engine=engine)
         self.overlap, self.profile = overlap, profile
         # decode steps attended in one part / as DA's two parts; MTP verify steps (per C4 layer)
-        self.steps = {"single": 0, "dual": 0, "verify": 0}
+        self.steps = {"single": 0, "dual": 0, "verify": 0, "verify_dual": 0}
         self.num_model_layers = max(c4_layers) + 1 if c4_layers else 1
         # entry j of request row r: host row req_to_host[r, j] (its C4 location), valid for j < known[r]
         self.req_to_host = torch.zeros(request_rows, self.max_entries, dtype=torch.int64)
@@ -219,16 +219,19 @@ class C4EntryStore:
         return plan_layer(self.store, mode, self.layers[layer_id], torch.tensor(reqs, dtype=torch.int64),
                           torch.tensor(entries, dtype=torch.int64), topk.to(torch.int64), self.req_to_host)
 
-    def plan_verify(self, layer_id: int, reqs: list[int], committed: list[int], topk: torch.Tensor):
+    def plan_verify(self, layer_id: int, reqs: list[int], committed: list[int], topk: torch.Tensor,
+                    micro_batch: int = 0):
         """An MTP verify of one C4 layer: each request's n top-k sets (int [b, n, k] entry indices below its
         `committed` finished entries, -1 pad) resolved as ONE union against its hot buffer (store/verify.py's
         plan_union: the misses' fetch submitted once; entries past the hot buffer's capacity read from the
-        host rows for this step only, never entered into the LRU). Land ``plan.step``, read
-        ``verify_rows``, then commit ``plan.step``."""
+        host rows for this step only, never entered into the LRU), in ring group `micro_batch` (DBA's halves).
+        Land ``plan.step``, read ``verify_rows``, then commit ``plan.step``; before landing, the entries
+        ``verify_staged`` marks are still in flight."""
         from sgl_ess.store.verify import plan_union
 
         plan = plan_union(self.store, self.layers[layer_id], torch.tensor(reqs, dtype=torch.int64),
-                          torch.tensor(committed, dtype=torch.int64), topk.to(torch.int64), self.req_to_host)
+                          torch.tensor(committed, dtype=torch.int64), topk.to(torch.int64), self.req_to_host,
+                          micro_batch=micro_batch)
         self.verify_overflow_entries += int(plan.overflow.sum())
         return plan
 
@@ -239,6 +242,12 @@ class C4EntryStore:
 
         got, _ = gather_rows(self.store, plan, self.layers[layer_id])
         return self._decode(got.reshape(-1, got.shape[-1])).view(*got.shape[:2], self.head_dim)
+
+    def verify_staged(self, plan) -> torch.Tensor:
+        """bool [b * n, k]: the entries of a verify plan read from a row its fetch fills (wait before reading)."""
+        b, ck = plan.union_col.shape
+        staged = plan.step.staged.to(torch.bool).gather(1, plan.union_col.clamp(min=0)) & (plan.union_col >= 0)
+        return staged.view(plan.read_slots.shape)
 
     def step_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """float32 [..., d]: the entries in slot rows `slots` (int [...], -1: padding, any row). A miss's row
@@ -282,7 +291,8 @@ class C4EntryStore:
                  hot_slots_per_request=self.cfg.hot_slots_per_request, request_rows=self.cfg.max_requests,
                  hot_buffers=self.cfg.groups, opens=self.opens, bytes_h2d=snap["bytes_h2d"],
                  bytes_d2h=snap["bytes_d2h"], engine=self.store.engine.name, overlap_level=self.overlap,
-                 single_steps=self.steps["single"], dual_steps=self.steps["dual"], verify_steps=self.steps["verify"],
+                 single_steps=self.steps["single"], dual_steps=self.steps["dual"], verify_steps=self.steps["verify"] + self.steps["verify_dual"],
+                 verify_dual_steps=self.steps["verify_dual"],
                  mtp_overflow_entries=self.verify_overflow_entries,
                  reused_entries=self.reused_entries)
         return u

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from sgl_ess.attention.dsv4_attention import layer_attention, partial_attention, window_rows
+from sgl_ess.attention.overlap import split_halves
 from sgl_ess.attention.dsv4_indexer import index_scores, select_topk, visible_c4_entries
 from sgl_ess.attention.dsv4_kv_rows import HEAD_DIM, ROPE, round_rows
 from sgl_ess.attention.dsv4_rope import apply_rope_tail
@@ -238,8 +239,12 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         draft tokens finish (L // 4 .. (L + n) // 4) are this forward's own, computed here and never stored
         (a rejected draft's entry must not outlive the step); each request's n top-k sets resolve as ONE
         union against its hot buffer (store/verify.py's plan_union: the misses fetched once, entries past
-        the hot buffer read from the host rows for this step only); attention reads the chosen entries in
-        top-k order, with the window and the sink in one softmax, as ESS off does. Returns float32 [T, H, D]."""
+        the hot buffer read from the host rows for this step only), one plan, or one per DBA half with both
+        halves' fetches submitted before either attends. Per plan, as the decode step:
+          none / landed  land, then window + chosen entries (top-k order) + sink in one softmax, as ESS off;
+          da / dba       the window, the resident, overflow and own entries attended while the misses are in
+                         flight (Attn0), land, the misses (Attn1), merged by log-sum-exp, the sink once.
+        Returns float32 [T, H, D]."""
         layer_id, heads, ess = layer.layer_id, q.shape[1], self.ess
         n = b.new_tokens[0]
         final, own = [], []
@@ -251,24 +256,54 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
             final.append(c)
             own.append(self._round(self._c4_range(layer_id, req, c, s // 4)) if s // 4 > c else None)
         chosen = self.chosen[layer_id].view(len(final), n, -1)
-        bound = torch.tensor(final)[:, None, None]
-        plan = ess.plan_verify(layer_id, b.req_pool_indices, final, torch.where(chosen < bound, chosen, -1))
-        ess.land(plan.step)
-        rows = ess.verify_rows(layer_id, plan).view(len(final), n, chosen.shape[2], -1)
-        ess.steps["verify"] += 1
-        out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
         k = chosen.shape[2]
-        for i, s in enumerate(b.seq_lens):
-            toks = (b.tok_req == i).nonzero().flatten()
-            r = rows[i].clone()
-            if own[i] is not None:
-                mine = chosen[i] >= final[i]
-                r[mine] = own[i][chosen[i][mine] - final[i]]
-            idx = torch.arange(n * k).view(n, k)
-            swa = self.rows.read(layer_id, "swa", self._locs(b, i, s))
-            out[toks] = layer_attention(q[toks], b.positions[toks], swa, sink, layer.scaling, r.view(n * k, -1),
-                                        torch.where(chosen[i] >= 0, idx, -1), self.window)
-        ess.commit(plan.step)
+        committed = torch.where(chosen < torch.tensor(final)[:, None, None], chosen, -1)
+        mode = ess.mode(layer_id)
+        parts = split_halves(len(final)) if mode == "dba" else [slice(0, len(final))]
+        plans = [ess.plan_verify(layer_id, b.req_pool_indices[p], final[p], committed[p], micro_batch=m)
+                 for m, p in enumerate(parts)]
+        note = (lambda what, m: self.events.append((what, layer_id, m))) if self.events is not None \
+            else (lambda what, m: None)
+        for m in range(len(plans)):
+            note("plan", m)
+        out = torch.zeros(q.shape[0], heads, layer.v_head_dim)
+        idx = torch.arange(n * k).view(n, k)
+        for m, (part, plan) in enumerate(zip(parts, plans)):
+            dual = not (mode == "none" or plan.step.landed)
+            ess.steps["verify_dual" if dual else "verify"] += 1
+            if not dual:
+                note("wait", m)
+                ess.land(plan.step)
+            note("attn0" if dual else "attn", m)
+            rows = ess.verify_rows(layer_id, plan).view(-1, n, k, self.ess.head_dim)
+            staged = ess.verify_staged(plan).view(-1, n, k)
+            parts0 = []
+            for j, i in enumerate(range(len(final))[part]):
+                toks = (b.tok_req == i).nonzero().flatten()
+                r = rows[j].clone()
+                if own[i] is not None:
+                    mine = chosen[i] >= final[i]
+                    r[mine] = own[i][chosen[i][mine] - final[i]]
+                swa = self.rows.read(layer_id, "swa", self._locs(b, i, b.seq_lens[i]))
+                if not dual:
+                    out[toks] = layer_attention(q[toks], b.positions[toks], swa, sink, layer.scaling,
+                                                r.view(n * k, -1), torch.where(chosen[i] >= 0, idx, -1), self.window)
+                    continue
+                wrows, wkeep = window_rows(b.positions[toks], swa, self.window)
+                keep = (chosen[i] >= 0) & ~staged[j]
+                parts0.append((toks, partial_attention(q[toks], torch.cat([wrows, r], 1), torch.cat([wkeep, keep], 1),
+                                                       layer.scaling)))
+            if dual:
+                note("wait", m)
+                ess.land(plan.step)
+                note("attn1", m)
+                rows = ess.verify_rows(layer_id, plan).view(-1, n, k, self.ess.head_dim)
+                for j, (toks, (o0, l0)) in enumerate(parts0):
+                    o1, l1 = partial_attention(q[toks], rows[j], staged[j], layer.scaling)
+                    o, lse = merge_lse(o0, l0, o1, l1)
+                    out[toks] = with_sink(o, lse, sink)[0]
+            ess.commit(plan.step)
+            note("commit", m)
         return out
 
     def _c4_decode_ess(self, q, layer, b: CpuBatch, sink: torch.Tensor) -> torch.Tensor:

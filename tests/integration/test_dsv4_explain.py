@@ -145,3 +145,18 @@ def test_what_v4_with_ess_does_not_serve_is_refused_before_loading(launch):
     assert code == 2 and "index_topk=32 needs >= 33" in err, err
     code, out, err = launch("--model-path", TINY, "--ess-enabled", "false", "--ess-explain")
     assert code == 0 and "ESS plan (ESS off)" in out, err
+
+
+def test_v4_with_mtp_names_the_union_and_the_draft_window(launch):
+    with open(os.path.join(TINY, "config.json")) as fh:
+        cfg = json.load(fh)
+    code, out, err = launch("--model-path", TINY, "--ess-explain", "--speculative-algorithm", "EAGLE",
+                            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                            "--speculative-num-draft-tokens", "4")
+    assert code == 0, err
+    line = _plan_line(out, "MTP (--speculative-algorithm EAGLE, 4 draft tokens per verify)")
+    assert f"its 4 top-{cfg['index_topk']} sets per request as ONE union per C4 layer" in line, line
+    window = _bytes(_plan_line(out, "on the device, per request"), "window")
+    assert _bytes(line, "its window on the device,") == window // len(cfg["compress_ratios"]), line
+    code, out, _ = launch("--model-path", TINY, "--ess-explain")
+    assert code == 0 and "MTP (" not in out

@@ -44,8 +44,8 @@ V4_ARCH = "DeepseekV4ForCausalLM"
 
 def v4_on_cpu(facts: ModelFacts) -> bool:
     """DeepSeek-V4 without CUDA: ESS on runs its C4 layers' entries through ESS's host store on the CPU dsv4
-    arm (integration/sglang/dsv4/ess_setup.py, which refuses MTP, PD, graphs, the radix cache and several
-    ranks); on CUDA ESS does not serve V4 yet."""
+    arm (integration/sglang/dsv4/ess_setup.py, which refuses draft trees, PD, graphs and several ranks); on
+    CUDA ESS does not serve V4 yet."""
     if facts.architecture != V4_ARCH:
         return False
     import torch
@@ -59,7 +59,8 @@ def check(cfg) -> None:
     if v4_on_cpu(facts):
         logger.info("ESS on for DeepSeek-V4 (CPU dsv4 arm): its C4 layers' compressed entries in ESS's host store, "
                     "fetched through per-request hot buffers (exact LRU); window rows and C128 entries stay in the "
-                    "arm's rows. Refused with ESS on: MTP, PD, graphs, the radix cache, TP/DP/PP > 1")
+                    "arm's rows; MTP with chain drafts. Refused with ESS on: draft trees (--speculative-eagle-topk > 1), "
+                    "PD, graphs, TP/DP/PP > 1")
         return
     text = refusal(facts)
     if text and facts.architecture == V4_ARCH:

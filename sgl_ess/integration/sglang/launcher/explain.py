@@ -56,7 +56,7 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
         lines.append(f"  token pool (SGLang's own, on the device): {sizing['tokens']} tokens ({sizing['source']})")
         return "\n".join(lines) + "\n"
     if "dsv4" in sizing:
-        return "\n".join(lines + v4_lines(sizing["dsv4"], sizing)) + "\n"
+        return "\n".join(lines + v4_lines(sizing["dsv4"], sizing, fields)) + "\n"
     model = sizing.get("model")
     if model is None:
         lines.append("  the model's config has no MLA latent: no ESS sizing applies")
@@ -96,8 +96,9 @@ def render(cfg: EssConfig, sizing: dict, sgl_argv: list[str], fields: dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def v4_lines(v: dict, sizing: dict) -> list[str]:
-    """The ESS plan of DeepSeek-V4 (launcher/v4_plan.py's sizing `v`): host side, device side, hot buffer."""
+def v4_lines(v: dict, sizing: dict, fields: dict | None = None) -> list[str]:
+    """The ESS plan of DeepSeek-V4 (launcher/v4_plan.py's sizing `v`): host side, device side, hot buffer, and
+    with `fields` (SGLang's parsed arguments) naming a speculative algorithm, what MTP adds."""
     c4, d = len(v["c4_layer_ids"]), v["head_dim"]
     dev, e4 = v["device_bytes_per_request"], v["entry_bytes"]
     window_rows = dev["window"] // (v["layers"] * e4)
@@ -134,5 +135,22 @@ def v4_lines(v: dict, sizing: dict) -> list[str]:
         "rounded as the FP8 layout, compressor projections; grown on demand) and SGLang's own V4 pool (its FP8 "
         f"layout), {sizing['tokens']} "
         f"tokens ({pool_source})",
+    ] + _v4_mtp_lines(v, fields or {}) + [
         "  (SGLang's own resolution and the model load run at launch, not here)",
+    ]
+
+
+def _v4_mtp_lines(v: dict, fields: dict) -> list[str]:
+    """MTP on DeepSeek-V4 (EAGLE / NEXTN through its NextN layer, chain drafts)."""
+    algo = fields.get("speculative_algorithm")
+    if not algo:
+        return []
+    n = fields.get("speculative_num_draft_tokens")
+    per_layer = v["device_bytes_per_request"]["window"] // max(1, v["layers"])
+    return [
+        f"  MTP (--speculative-algorithm {algo}, {n} draft tokens per verify): each verify resolves its {n} "
+        f"top-{v['index_topk']} sets per request as ONE union per C4 layer through the hot buffer (entries past "
+        f"it read from host rows for that step; the drafts' own entries never stored); the draft's NextN layer is "
+        f"window-only (compress ratio 0): no host store, its window on the device, {_gb(per_layer)} per request "
+        "(1 layer, the target's window rows per layer)",
     ]

@@ -62,6 +62,10 @@ def runs():
             out[name + "_log"] = srv.log_tail(100000)
             if name in ("on", "da"):
                 out[name + "_usage"] = srv.ess_usage()
+                # a request aborted mid-generation (its verify steps running), then rows back to zero
+                out[name + "_aborted"] = srv.generate_then_abort(
+                    {"input_ids": PROMPTS[0], "sampling_params": {"temperature": 0, "max_new_tokens": 400,
+                                                                  "ignore_eos": True}}, after_s=3.0)
                 out[name + "_zero"] = srv.wait_ess_zero(timeout_s=120)
     finally:
         for srv in servers.values():
@@ -100,6 +104,10 @@ def test_mtp_counters_and_rows_back_to_zero(runs):
     assert u["mtp_overflow_entries"] > 0, u          # 4 top-32 sets over 40 hot entries
     assert "draft" not in u or not u["draft"], u     # the draft's window-only layer: no store
     for name in ("on", "da"):
+        aborted = runs[name + "_aborted"]
+        meta = aborted.get("meta_info", {}) if isinstance(aborted, dict) else {}
+        assert meta.get("completion_tokens", 0) < 400, (name, "the abort did not stop the request", meta)
+        assert not isinstance(aborted, dict) or "abort" in str(meta.get("finish_reason")).lower(), (name, meta)
         z = runs[name + "_zero"]
         assert z["host_tokens_live"] == 0 and z["hot_slots_used"] == 0 and z["hot_requests_open"] == 0, (name, z)
 

@@ -315,6 +315,14 @@ def start_together(specs: dict[str, tuple], prefix: str = "") -> dict[str, Serve
     return servers
 
 
+def stop_all(servers: dict) -> None:
+    """Stop every server of `servers` ({key: Server}) and check that none left a process behind."""
+    for srv in servers.values():
+        srv.stop()
+    for srv in servers.values():
+        assert not group_alive(srv.pgid), f"processes of {srv.name} left behind"
+
+
 def ess_live_zero(u: dict) -> bool:
     """Nothing held for a request: no live host row (used minus the prefix cache's evictable rows), no hot
     slot, no open hot buffer. Draft stores report no split; their hot state is what counts."""

@@ -128,20 +128,26 @@ def run_steps(layers, backends, steps, reqs, seq, on_outputs, d=D, inputs=None):
             x = rnd(t, HIDDEN)
             swa = {lid: rnd(t, d) for lid in layers}
             qs = {lid: rnd(t, HEADS, d) for lid in layers}
-        gots = []
-        for backend in backends:
-            backend.init_forward_metadata(fb)
-            got = {}
-            for lid, (ratio, comp, idx) in layers.items():
-                backend.store_cache(lid, swa[lid], fb)
-                if idx is not None:
-                    backend.forward_c4_indexer(x, x, fb, idx)
-                if comp is not None:
-                    backend.forward_core_compressor(x, fb, lid, comp)
-                layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=d)
-                got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
-            gots.append(got)
-        on_outputs(gots, new, positions, x, swa, qs)
+        on_outputs(forward_backends(backends, layers, fb, x, swa, qs, d), new, positions, x, swa, qs)
+
+
+def forward_backends(backends, layers, fb, x, swa, qs, d=D):
+    """One forward batch `fb` through every backend on the same inputs, each layer as the model calls its
+    backend (store_cache, the C4 indexer, the compressor, attention); returns each backend's outputs by layer."""
+    gots = []
+    for backend in backends:
+        backend.init_forward_metadata(fb)
+        got = {}
+        for lid, (ratio, comp, idx) in layers.items():
+            backend.store_cache(lid, swa[lid], fb)
+            if idx is not None:
+                backend.forward_c4_indexer(x, x, fb, idx)
+            if comp is not None:
+                backend.forward_core_compressor(x, fb, lid, comp)
+            layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=d)
+            got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
+        gots.append(got)
+    return gots
 
 
 def test_cpu_backend_equals_per_request_reference():

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from ._server import group_alive, start_together
+from ._server import start_together, stop_all
 from .conftest import _need_sglang
 
 pytestmark = pytest.mark.integration
@@ -67,10 +67,7 @@ def runs():
                 out[name + "_zero"] = srv.wait_ess_zero(timeout_s=120)
                 out[name + "_log"] = srv.log_tail(100000)
     finally:
-        for srv in servers.values():
-            srv.stop()
-    for srv in servers.values():
-        assert not group_alive(srv.pgid), f"processes of {srv.name} left behind"
+        stop_all(servers)
     return out
 
 

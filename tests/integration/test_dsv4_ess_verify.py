@@ -23,7 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 
-from .test_dsv4_cpu_backend import D, G, HEADS, HIDDEN, SINK, compressor, indexer, make_backend, rnd  # noqa: E402
+from .test_dsv4_cpu_backend import (D, G, HEADS, HIDDEN, compressor, forward_backends, indexer,  # noqa: E402
+                                    make_backend, rnd)
 from .test_dsv4_ess_overlap import _bound  # noqa: E402
 from .test_dsv4_ess_store import c4_store, paged_req_to_token  # noqa: E402
 
@@ -42,19 +43,7 @@ def _forward(backends, layers, fb, t, with_queries=False):
     x = rnd(t, HIDDEN)
     swa = {lid: rnd(t, D) for lid in layers}
     qs = {lid: rnd(t, HEADS, D) for lid in layers}
-    outs = []
-    for backend in backends:
-        backend.init_forward_metadata(fb)
-        got = {}
-        for lid, (ratio, comp, idx) in layers.items():
-            backend.store_cache(lid, swa[lid], fb)
-            if idx is not None:
-                backend.forward_c4_indexer(x, x, fb, idx)
-            if comp is not None:
-                backend.forward_core_compressor(x, fb, lid, comp)
-            layer = types.SimpleNamespace(layer_id=lid, scaling=0.25, v_head_dim=D)
-            got[lid] = backend.forward(qs[lid], None, None, layer, fb, compress_ratio=ratio, attn_sink=SINK)
-        outs.append(got)
+    outs = forward_backends(backends, layers, fb, x, swa, qs)
     return (outs, qs) if with_queries else outs
 
 

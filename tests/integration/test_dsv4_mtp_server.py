@@ -25,7 +25,7 @@ import os
 
 import pytest
 
-from ._server import group_alive, start_together
+from ._server import start_together, stop_all
 from .conftest import _need_sglang
 from .test_dsv4_ess_server import BASE, ENV, HOT, PROMPTS
 
@@ -68,10 +68,7 @@ def runs():
                                                                   "ignore_eos": True}}, after_s=3.0)
                 out[name + "_zero"] = srv.wait_ess_zero(timeout_s=120)
     finally:
-        for srv in servers.values():
-            srv.stop()
-    for srv in servers.values():
-        assert not group_alive(srv.pgid), f"processes of {srv.name} left behind"
+        stop_all(servers)
     return out
 
 

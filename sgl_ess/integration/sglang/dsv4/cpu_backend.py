@@ -297,9 +297,10 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
                 note("wait", m)
                 ess.land(plan.step)
                 note("attn1", m)
-                rows = ess.verify_rows(layer_id, plan).view(-1, n, k, self.ess.head_dim)
+                slots = plan.read_slots.view(-1, n, k)          # the misses' rows, now landed in the slot space
                 for j, (toks, (o0, l0)) in enumerate(parts0):
-                    o1, l1 = partial_attention(q[toks], rows[j], staged[j], layer.scaling)
+                    o1, l1 = partial_attention(q[toks], ess.step_rows(torch.where(staged[j], slots[j], -1)), staged[j],
+                                               layer.scaling)
                     o, lse = merge_lse(o0, l0, o1, l1)
                     out[toks] = with_sink(o, lse, sink)[0]
             ess.commit(plan.step)

@@ -23,10 +23,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 
+from sgl_ess.integration.sglang.dsv4 import cpu_backend  # noqa: E402
+from sgl_ess.integration.sglang.dsv4.pool_check import around_clear_unaccepted_c128  # noqa: E402
+
 from .test_dsv4_cpu_backend import (D, G, HEADS, HIDDEN, compressor, forward_backends, indexer,  # noqa: E402
                                     make_backend, rnd)
 from .test_dsv4_ess_overlap import _bound  # noqa: E402
-from .test_dsv4_ess_store import c4_store, paged_req_to_token  # noqa: E402
+from .test_dsv4_ess_store import PAGE, c4_store, paged_req_to_token  # noqa: E402
 
 pytestmark = pytest.mark.integration
 N_DRAFT = 4
@@ -56,36 +59,55 @@ def _batch(req_to_token, reqs, first, counts, mode, spec=None):
         req_pool_indices=torch.tensor(reqs), positions=positions, out_cache_loc=out_loc)
 
 
-def _run_verify(store, req_to_token, compare, steps=24):
-    """An extend, then `steps` verify steps with random acceptance, on ESS on (`store`) and off; compare(on,
-    off, lid, q) per C4 layer and step (window-only and C128 layers: equal). Returns (on backend, drafts
-    accepted)."""
+def _start(store, req_to_token):
+    """Rows 0-2 extended on ESS on (`store`) and off: the state the verify steps continue."""
     layers = {0: (0, None, None), 2: (4, compressor(4, D), indexer(2)), 3: (128, compressor(128, D), None),
               4: (4, compressor(4, D), indexer(4))}
     on, off = make_backend(req_to_token, store), make_backend(req_to_token)
     on.events = []
-    reqs = [0, 1, 2]
-    committed = {0: 150, 1: 3, 2: 41}          # row 1 starts with no finished C4 entry
-    got, want = _forward([on, off], layers, _batch(req_to_token, reqs, {r: 0 for r in reqs}, committed, "EXTEND"),
-                         sum(committed.values()))
+    # SGLang's V4 pool as the post-verify hook sees it (pool_check.around_clear_unaccepted_c128): on CPU, mapped to
+    # the ESS-on backend of its runner, as DeepseekV4CpuAttnBackend.__init__ maps a real runner's pool
+    pool = types.SimpleNamespace(device="cpu")
+    cpu_backend._verify_finalizers[id(pool)] = on
+    run = types.SimpleNamespace(on=on, off=off, layers=layers, store=store, req_to_token=req_to_token, pool=pool,
+                                reqs=[0, 1, 2], committed={0: 150, 1: 3, 2: 41}, accepted=0)   # row 1: no C4 entry yet
+    got, want = _forward([on, off], layers, _batch(req_to_token, run.reqs, {r: 0 for r in run.reqs}, run.committed,
+                                                   "EXTEND"), sum(run.committed.values()))
     for lid in layers:
         assert torch.equal(got[lid], want[lid]), lid
+    return run
+
+
+def _verify_step(run, compare):
+    """One verify of N_DRAFT tokens per request, compared per layer, then a random acceptance."""
     spec = types.SimpleNamespace(draft_token_num=N_DRAFT, topk=1)
-    accepted = 0
+    fb = _batch(run.req_to_token, run.reqs, run.committed, {r: N_DRAFT for r in run.reqs}, "TARGET_VERIFY", spec)
+    (got, want), qs = _forward([run.on, run.off], run.layers, fb, N_DRAFT * len(run.reqs), with_queries=True)
+    for lid in run.layers:
+        if run.layers[lid][0] == 4:
+            compare(got[lid], want[lid], run.off, lid, qs[lid])
+        else:
+            assert torch.equal(got[lid], want[lid]), lid
+    before = torch.tensor([run.committed[r] for r in run.reqs])
+    accept = torch.randint(0, N_DRAFT, (len(run.reqs),), generator=G) + 1   # the verified token + accepted drafts
+    for r, a in zip(run.reqs, accept.tolist()):
+        assert int(run.store.known[r]) <= run.committed[r] // 4, "a draft's entry entered the host store's table"
+        run.accepted += a - 1
+        run.committed[r] += a
+    # SGLang's post-verify call (eagle_worker_common.run_eagle_verify): the accepted tokens' entries go to host
+    around_clear_unaccepted_c128(None, run.pool, torch.tensor(run.reqs), before, accept, N_DRAFT)
+    for r in run.reqs:
+        assert int(run.store.known[r]) == run.committed[r] // 4, "an accepted token's entry is not on host"
+
+
+def _run_verify(store, req_to_token, compare, steps=24):
+    """An extend, then `steps` verify steps with random acceptance, on ESS on (`store`) and off; compare(on,
+    off, lid, q) per C4 layer and step (window-only and C128 layers: equal). Returns (on backend, drafts
+    accepted)."""
+    run = _start(store, req_to_token)
     for _ in range(steps):
-        fb = _batch(req_to_token, reqs, committed, {r: N_DRAFT for r in reqs}, "TARGET_VERIFY", spec)
-        (got, want), qs = _forward([on, off], layers, fb, N_DRAFT * len(reqs), with_queries=True)
-        for lid in layers:
-            if layers[lid][0] == 4:
-                compare(got[lid], want[lid], off, lid, qs[lid])
-            else:
-                assert torch.equal(got[lid], want[lid]), lid
-        for r in reqs:
-            assert int(store.known[r]) <= committed[r] // 4, "a draft's entry entered the host store's table"
-            a = int(torch.randint(0, N_DRAFT, (1,), generator=G))
-            accepted += a
-            committed[r] += a + 1              # the accepted drafts and the target's own next token
-    return on, accepted
+        _verify_step(run, compare)
+    return run.on, run.accepted
 
 
 def _equal(got, want, off, lid, q):
@@ -148,3 +170,25 @@ def test_c4_verify_overlap_levels_on_the_worker_engine(level):
         print(f"{level}: worst error / bound {max(worst):.3g}")
     finally:
         store.shutdown()
+
+
+def test_a_finished_requests_cached_prefix_is_whole_on_host():
+    """SGLang's radix cache keeps a finished request's whole pages, its output included (multi-turn chat: the
+    next turn starts after prompt + answer). The entries its accepted draft tokens finished go to the host rows
+    once each verify's acceptance is known (SGLang's post-verify call), so a request that starts after that
+    prefix finds every entry on host (begin_extend refuses a prefix with one missing) and equals ESS off."""
+    req_to_token, pool = paged_req_to_token(4, 400)
+    store = c4_store(req_to_token, pool)
+    run = _start(store, req_to_token)
+    for _ in range(6):
+        _verify_step(run, _equal)
+    u = store.usage()
+    assert u["mtp_finalized_entries"] > 0, u
+    prefix = run.committed[0] // PAGE * PAGE                    # whole pages of request 0's final tokens
+    store.close(0)                                              # request 0 finished: SGLang frees its row
+    req_to_token[3, :prefix] = req_to_token[0, :prefix]         # row 3 starts after the cached pages
+    new = 20
+    got, want = _forward([run.on, run.off], run.layers, _batch(req_to_token, [3], {3: prefix}, {3: new}, "EXTEND"), new)
+    for lid in run.layers:
+        assert torch.equal(got[lid], want[lid]), lid
+    assert store.reused_entries == prefix // 4 and int(store.known[3]) == (prefix + new) // 4

@@ -33,13 +33,16 @@ pytestmark = pytest.mark.integration
 SPEC = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4"]
 ALL_PROMPTS = PROMPTS + [[5, 6, 7, 8] * 60]
+# multi-turn: a 250-token first turn whose 8-token answer crosses the first 256-token page (SGLang's radix cache
+# keeps whole pages), then a second turn on prompt + answer: its cached first page ends in the answer's tokens
+TURN1, TURN1_TOKENS = [(11 * i * i + 3 * i + 5) % 2000 + 2 for i in range(250)], 8
 NEW_TOKENS = 16
 SPEC_KEYS = ("spec_verify_ct", "spec_num_correct_drafts")
 
 
-def _generate(srv, prompt):
+def _generate(srv, prompt, new_tokens=NEW_TOKENS):
     out = srv.post("/generate", {"input_ids": prompt, "return_logprob": True,
-                                 "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS,
+                                 "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens,
                                                      "ignore_eos": True}})
     meta = out["meta_info"]
     return ([t[1] for t in meta["output_token_logprobs"]], [t[0] for t in meta["output_token_logprobs"]],
@@ -59,6 +62,8 @@ def runs():
         for name, srv in servers.items():
             with cf.ThreadPoolExecutor(3) as ex:
                 out[name] = list(ex.map(lambda p, srv=srv: _generate(srv, p), ALL_PROMPTS))
+            first = _generate(srv, TURN1, TURN1_TOKENS)
+            out[name + "_turns"] = [first, _generate(srv, TURN1 + first[0] + [7, 8, 9] * 10)]
             out[name + "_log"] = srv.log_tail(100000)
             if name in ("on", "da"):
                 out[name + "_usage"] = srv.ess_usage()
@@ -80,6 +85,18 @@ def test_mtp_ess_on_equals_off(runs):
         assert on[2] == off[2] and on[2]["spec_verify_ct"], f"request {i}: speculation {on[2]} vs {off[2]}"
     assert len({tuple(r[0]) for r in runs["on"]}) > 1
     assert "Traceback" not in runs["on_log"] and "Traceback" not in runs["off_log"]
+
+
+def test_second_turn_on_a_cached_answer(runs):
+    """The second turn starts after the first turn's cached page, which ends in answer tokens: ESS on equals
+    ESS off and reuses the page's entries from host; the post-verify hook ran in the real server
+    (mtp_finalized_entries). Here the page's last entries were also written by the turn's later verifies, so
+    this does not fail without the hook; test_dsv4_ess_verify's finished-prefix test is the one that does
+    (a prefix whose last entries only the post-verify call writes)."""
+    for i, (on, off) in enumerate(zip(runs["on_turns"], runs["off_turns"])):
+        assert on[0] == off[0] and on[1] == off[1], f"turn {i + 1}: ESS on differs from off"
+    u = runs["on_usage"]
+    assert u["reused_entries"] >= 256 // 4 and u["mtp_finalized_entries"] > 0, u
 
 
 def test_drafts_were_accepted(runs):

@@ -84,6 +84,7 @@ class C4EntryStore:
         self.warm_rows = 0
         self.reused_entries = 0                   # prefix entries a request found on host (the radix cache)
         self.verify_overflow_entries = 0          # MTP verify: entries past the hot buffer, read from host rows
+        self.finalized_entries = 0                # MTP: entries written once a verify's acceptance was known
 
     # --- request lifetime ------------------------------------------------------------------
     def c4_locations(self, req: int, first: int, last: int) -> torch.Tensor:
@@ -293,7 +294,7 @@ class C4EntryStore:
                  bytes_d2h=snap["bytes_d2h"], engine=self.store.engine.name, overlap_level=self.overlap,
                  single_steps=self.steps["single"], dual_steps=self.steps["dual"], verify_steps=self.steps["verify"] + self.steps["verify_dual"],
                  verify_dual_steps=self.steps["verify_dual"],
-                 mtp_overflow_entries=self.verify_overflow_entries,
+                 mtp_overflow_entries=self.verify_overflow_entries, mtp_finalized_entries=self.finalized_entries,
                  reused_entries=self.reused_entries)
         return u
 

@@ -51,6 +51,7 @@ class CpuBatch:
     new_tokens: list[int] | None = None
     verify: bool = False
     committed: list[int] | None = None
+    window_positions: torch.Tensor | None = None   # a draft decode step: the window ends at seq_lens - 1
 
 
 def batch_of(forward_batch, draft_step: tuple[int, int] | None = None) -> CpuBatch:
@@ -62,7 +63,10 @@ def batch_of(forward_batch, draft_step: tuple[int, int] | None = None) -> CpuBat
     draft_step (i, num_steps): step i's backend of the multi-step draft decode container, whose metadata is
     set once for every step (SGLang's V4 backends do the same): the EAGLE worker writes step i at its slice of
     the shared out_cache_loc (eagle_utils.per_step_draft_out_cache_loc, topk 1: column i of [bs, num_steps])
-    and moves positions by one after each step, so step i's queries sit at the first step's positions + i."""
+    and moves positions by one after each step, so step i's queries sit at the first step's positions + i.
+    Their attention sees what SGLang's V4 decode metadata gives a draft step, the committed tokens
+    0 .. seq_lens - 1 (make_forward_metadata_from_raw_decode: seq_lens_casual = seq_lens, which the worker
+    keeps at the committed length for every step), not the earlier steps' rows: ``window_positions``."""
     mode = forward_batch.forward_mode
     verify = bool(mode.is_target_verify())
     if not (mode.is_decode() or mode.is_extend_without_speculative() or verify or mode.is_draft_extend_v2()):
@@ -84,18 +88,27 @@ def batch_of(forward_batch, draft_step: tuple[int, int] | None = None) -> CpuBat
     tok_req = torch.repeat_interleave(torch.arange(n_req), torch.tensor(counts, dtype=torch.long))
     positions = forward_batch.positions.long().clone()      # the EAGLE worker moves positions in place
     out_loc = forward_batch.out_cache_loc.long()
+    window_positions = None
     if draft_step is not None and mode.is_decode():
         step, steps = draft_step
         positions = positions + step
         out_loc = out_loc.view(n_req, steps)[:, step].clone()
-    last = torch.full((n_req,), -1, dtype=torch.long).scatter_reduce(0, tok_req, positions, "amax")
+        window_positions = forward_batch.seq_lens.long().clone() - 1
+    last = torch.full((n_req,), -1, dtype=torch.long).scatter_reduce(
+        0, tok_req, positions if window_positions is None else window_positions, "amax")
     seen = [int(p) + 1 for p in last.tolist()]
     committed = [s - c for s, c in zip(seen, counts)]
     return CpuBatch([int(i) for i in forward_batch.req_pool_indices.tolist()], seen, tok_req, positions,
-                    out_loc, bool(mode.is_decode()), counts, verify, committed)
+                    out_loc, bool(mode.is_decode()), counts, verify, committed, window_positions)
 
 
 _runner_state: dict[int, tuple[SideRows, dict]] = {}   # id(model runner) -> (rows, compressors by layer)
+_verify_finalizers: dict[int, "DeepseekV4CpuAttnBackend"] = {}   # id(V4 pool) -> the ESS-on backend of its runner
+
+
+def finalizer_of(pool) -> "DeepseekV4CpuAttnBackend | None":
+    """The ESS-on backend whose entries follow an MTP verify's acceptance on `pool` (SGLang's V4 pool)."""
+    return _verify_finalizers.get(id(pool))
 
 
 class DeepseekV4CpuAttnBackend(AttentionBackend):
@@ -124,6 +137,8 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         from .ess_setup import c4_store_for
 
         self.ess = c4_store_for(model_runner, hf, self.req_to_token)   # None with ESS off
+        if self.ess is not None:
+            _verify_finalizers[id(model_runner.token_to_kv_pool)] = self
 
     # -- SGLang's backend interface -------------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
@@ -193,7 +208,7 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
             toks = (b.tok_req == i).nonzero().flatten()
             locs = self._locs(b, i, n)
             swa = self.rows.read(layer_id, "swa", locs)
-            pos = b.positions[toks]
+            pos = (b.positions if b.window_positions is None else b.window_positions)[toks]
             compressed = chosen = None
             if compress_ratio == 4:
                 compressed, chosen = self._c4_entries(layer_id, b, i, n, toks)
@@ -233,9 +248,24 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         proj = self.rows.read(layer_id, "core", self.req_to_token[req, lo:last * 4].long())
         return finished_entries(compressor, proj, first)
 
+    def finalize_verify(self, reqs: list[int], committed: list[int]) -> None:
+        """After an MTP verify, its acceptance known (SGLang's post-verify call, pool_check.py): write the
+        entries the accepted tokens finished (each request's known .. committed // 4) to the host rows, every
+        C4 layer, from the projections at their locations, so the host store holds a request's every final
+        entry after each step: a finished request's prefix, kept by the radix cache (its output included),
+        is then whole on host for the request that starts after it (multi-turn). The next verify finds
+        nothing left to write."""
+        for req, n in zip(reqs, committed):
+            first, c = int(self.ess.known[req]), int(n) // 4
+            if c > first:
+                for layer_id in sorted(self.ess.layers):
+                    self.ess.write(layer_id, req, first, self._c4_range(layer_id, req, first, c))
+                self.ess.finalized_entries += c - first
+
     def _c4_verify_ess(self, q, layer, b: CpuBatch, sink: torch.Tensor) -> torch.Tensor:
         """ESS on, an MTP verify of a C4 layer (n draft tokens per request at L .. L+n-1, L committed): the
-        entries the last accepted tokens finished (known .. L // 4) go to the host rows; the entries the
+        entries the last accepted tokens finished (known .. L // 4) are on host (``finalize_verify`` after the
+        last verify; written here otherwise, e.g. a first verify after a chunked extend); the entries the
         draft tokens finish (L // 4 .. (L + n) // 4) are this forward's own, computed here and never stored
         (a rejected draft's entry must not outlive the step); each request's n top-k sets resolve as ONE
         union against its hot buffer (store/verify.py's plan_union: the misses fetched once, entries past

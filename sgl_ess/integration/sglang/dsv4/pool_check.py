@@ -43,11 +43,20 @@ def around_configure(original_fn, self, *args, **kwargs):
         return original_fn(self, *args, **kwargs)
 
 
-def around_clear_unaccepted_c128(original_fn, self, *args, **kwargs):
+def around_clear_unaccepted_c128(original_fn, self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens,
+                                 *args, **kwargs):
     """After an MTP verify SGLang zeroes the C128 compressor state its rejected draft tokens wrote in the pool's
     state ring (a Triton kernel). The CPU dsv4 arm keeps no compressor state in the pool: it pools a C128
     entry from the stored projections of the positions it covers when it reads it, and a rejected draft's
-    position is written again by the forward that next reaches it, before any read. Nothing to clear."""
-    if str(getattr(self, "device", "cpu")).startswith("cpu"):
-        return None
-    return original_fn(self, *args, **kwargs)
+    position is written again by the forward that next reaches it, before any read. Nothing to clear. With
+    ESS on this is where the acceptance is known: the accepted tokens' C4 entries go to the host rows now
+    (cpu_backend.finalize_verify; committed = seq_lens + accept_lens, as SGLang's verify computes it)."""
+    if not str(getattr(self, "device", "cpu")).startswith("cpu"):
+        return original_fn(self, req_pool_indices, seq_lens, accept_lens, num_draft_tokens, *args, **kwargs)
+    from .cpu_backend import finalizer_of
+
+    backend = finalizer_of(self)
+    if backend is not None and req_pool_indices.numel():
+        backend.finalize_verify([int(r) for r in req_pool_indices.tolist()],
+                                [int(s) for s in (seq_lens.long() + accept_lens.long()).tolist()])
+    return None

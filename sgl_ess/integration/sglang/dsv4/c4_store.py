@@ -246,7 +246,6 @@ class C4EntryStore:
 
     def verify_staged(self, plan) -> torch.Tensor:
         """bool [b * n, k]: the entries of a verify plan read from a row its fetch fills (wait before reading)."""
-        b, ck = plan.union_col.shape
         staged = plan.step.staged.to(torch.bool).gather(1, plan.union_col.clamp(min=0)) & (plan.union_col >= 0)
         return staged.view(plan.read_slots.shape)
 

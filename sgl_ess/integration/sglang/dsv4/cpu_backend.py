@@ -148,9 +148,9 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
             if not (b.decode or b.verify):
                 for req, n, new in zip(b.req_pool_indices, b.seq_lens, b.new_tokens):
                     self.ess.begin_extend(req, n - new)
-            self.ess.refresh(b.req_pool_indices)
-            # a verify writes the entries its requests' last accepted tokens finished (known .. committed // 4)
-            self.known0 = [int(self.ess.known[r]) for r in b.req_pool_indices]     # SGLang may have moved a request's tokens (radix dedup)
+            self.ess.refresh(b.req_pool_indices)     # SGLang may have moved a request's tokens (radix dedup)
+            if b.verify:            # entries of accepted tokens the post-verify call did not write (normally none)
+                self.finalize_verify(b.req_pool_indices, b.committed)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
         raise NotImplementedError("DeepSeek-V4 on CPU: no CUDA graphs (run with --disable-cuda-graph)")
@@ -230,10 +230,7 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         entries the request has finished (the (n)//4 its last token sees)."""
         done, total = (n - b.new_tokens[i]) // 4, n // 4
         if total > done:
-            compressor = self._compressor(layer_id)
-            lo = first_row(compressor, done)
-            proj = self.rows.read(layer_id, "core", self.req_to_token[b.req_pool_indices[i], lo:total * 4].long())
-            got = finished_entries(compressor, proj, done)
+            got = self._c4_range(layer_id, b.req_pool_indices[i], done, total)
             if self.ess is not None:
                 self.ess.write(layer_id, b.req_pool_indices[i], done, got)
             else:
@@ -264,8 +261,8 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
 
     def _c4_verify_ess(self, q, layer, b: CpuBatch, sink: torch.Tensor) -> torch.Tensor:
         """ESS on, an MTP verify of a C4 layer (n draft tokens per request at L .. L+n-1, L committed): the
-        entries the last accepted tokens finished (known .. L // 4) are on host (``finalize_verify`` after the
-        last verify; written here otherwise, e.g. a first verify after a chunked extend); the entries the
+        entries the last accepted tokens finished (known .. L // 4) are on host (``finalize_verify``, after the
+        last verify, or at this batch's init_forward_metadata if that call did not run); the entries the
         draft tokens finish (L // 4 .. (L + n) // 4) are this forward's own, computed here and never stored
         (a rejected draft's entry must not outlive the step); each request's n top-k sets resolve as ONE
         union against its hot buffer (store/verify.py's plan_union: the misses fetched once, entries past
@@ -280,9 +277,6 @@ class DeepseekV4CpuAttnBackend(AttentionBackend):
         final, own = [], []
         for i, s in enumerate(b.seq_lens):
             req, c = b.req_pool_indices[i], b.committed[i] // 4
-            first = self.known0[i]
-            if c > first:
-                ess.write(layer_id, req, first, self._c4_range(layer_id, req, first, c))
             final.append(c)
             own.append(self._round(self._c4_range(layer_id, req, c, s // 4)) if s // 4 > c else None)
         chosen = self.chosen[layer_id].view(len(final), n, -1)
